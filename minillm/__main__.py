@@ -1,0 +1,5 @@
+import sys
+
+from minillm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Layer 4: generation - tokenizer, chat template, sampling, the autoregressive loop."""

@@ -1,0 +1,1 @@
+"""Layer 1: the machine - description, microbenchmarks, the roofline."""

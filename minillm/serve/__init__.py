@@ -1,0 +1,1 @@
+"""Layer 6: serving - OpenAI-compatible HTTP server, metrics, load generator."""

@@ -1,0 +1,57 @@
+"""The exercise mechanism is honest: stubs match the package's signatures, and every exercise
+test fails on the blank stubs (so passing it means the learner's code does the work)."""
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+import tomllib
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import REPO, TASK_MARKER, load_implementation
+
+import exercises
+
+CHAPTER_MODULES = sorted(m.name for m in pkgutil.iter_modules(exercises.__path__) if m.name.startswith("ch"))
+
+
+def declared_task_markers() -> set[str]:
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    return {m.split(":")[0] for m in markers if TASK_MARKER.match(m)}
+
+
+@pytest.mark.parametrize("chapter_module", CHAPTER_MODULES)
+def test_stub_signatures_match_the_package(chapter_module):
+    stubs = importlib.import_module(f"exercises.{chapter_module}")
+    reference = load_implementation(chapter_module, "minillm")
+    assert stubs.REFERENCE, f"exercises/{chapter_module}.py names no reference"
+    for name in stubs.REFERENCE:
+        stub, ref = getattr(stubs, name), getattr(reference, name)
+        assert inspect.signature(stub) == inspect.signature(ref), f"{chapter_module}.{name}"
+
+
+def test_every_exercise_test_fails_on_the_blank_stubs(tmp_path):
+    if not CHAPTER_MODULES:
+        pytest.fail("exercises/ holds no chapter module")
+    report = tmp_path / "stubs.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", str(REPO / "tests"), "--ignore", str(REPO / "tests" / "cuda"),
+         "-m", "exercise", "--impl=exercises", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )
+    cases = ET.parse(report).getroot().iter("testcase")
+    graded_tasks, passed = set(), []
+    for case in cases:
+        name = f"{case.get('classname')}::{case.get('name')}"
+        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if failure is None or "NotImplementedError" not in (failure.get("message", "") + (failure.text or "")):
+            passed.append(name)
+        for prop in case.iter("property"):
+            if prop.get("name") == "exercise_tasks":
+                graded_tasks.update(prop.get("value").split(","))
+    assert not passed, f"exercise tests that do not fail with NotImplementedError on the stubs: {passed}"
+    assert declared_task_markers() <= graded_tasks, (
+        f"task markers with no failing test: {sorted(declared_task_markers() - graded_tasks)}"
+    )
