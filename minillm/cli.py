@@ -22,6 +22,62 @@ def _hw(args) -> int:
     return hw_main(as_json=args.json)
 
 
+def _sampling_params(args):
+    from minillm.generation.sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          seed=args.seed, max_tokens=args.max_tokens)
+
+
+def _generate(args) -> int:
+    from minillm.llm import LLM
+
+    params = _sampling_params(args)  # a bad value fails here, before the model loads
+    llm = LLM(args.model)
+    for piece in llm.stream(args.prompt, params):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def _chat(args) -> int:
+    from minillm.generation.generate import Generation
+    from minillm.llm import LLM
+
+    params = _sampling_params(args)
+    llm = LLM(args.model)
+    print(f"minillm chat - {llm.path.name}. /reset starts over, /exit leaves, Ctrl-C stops an answer.")
+    history: list[dict] = []
+    while True:
+        try:
+            line = input("\n> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            history.clear()
+            print("(conversation cleared)")
+            continue
+        if not line:
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            generation = Generation(llm.model, llm.tokenizer, llm.chat_prompt(history), params)
+        except ValueError as e:  # the conversation outgrew the context
+            print(f"minillm chat: {e}. Use /reset.")
+            history.pop()
+            continue
+        try:
+            for piece in generation:
+                print(piece, end="", flush=True)
+        except KeyboardInterrupt:
+            print(" [stopped]", end="")
+        print()
+        history.append({"role": "assistant", "content": generation.output.text})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minillm", description="An LLM inference engine built from scratch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -34,12 +90,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hw", help="measure this machine: bandwidth, latency, FLOP/s, call overheads")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(run=_hw)
+
+    for name, help_text in (("generate", "complete a prompt, streaming to the terminal"),
+                            ("chat", "an interactive, streaming, multi-turn chat")):
+        p = sub.add_parser(name, help=help_text)
+        if name == "generate":
+            p.add_argument("prompt")
+        p.add_argument("--model", default=None, help="a .gguf file or a Hugging Face model folder (default: SmolLM2)")
+        p.add_argument("--max-tokens", type=int, default=256 if name == "chat" else 128)
+        p.add_argument("--temperature", type=float, default=0.0 if name == "generate" else 0.7)
+        p.add_argument("--top-p", type=float, default=1.0 if name == "generate" else 0.9)
+        p.add_argument("--top-k", type=int, default=0)
+        p.add_argument("--seed", type=int, default=None)
+        p.set_defaults(run=_generate if name == "generate" else _chat)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as e:  # bad parameters, prompt too long, no model file
+        print(f"minillm {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

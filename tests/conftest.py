@@ -6,16 +6,12 @@ It runs against the package by default and against ``exercises/`` with ``--impl=
 
     pytest -m ch02_rmsnorm --impl=exercises
 """
-import importlib
 import os
-import re
-import types
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-TASK_MARKER = re.compile(r"^ch\d\d_")
+from implementations import TASK_MARKER, load_implementation
 
 
 def pytest_addoption(parser):
@@ -44,18 +40,6 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-def load_implementation(chapter_module: str, impl: str) -> types.ModuleType | types.SimpleNamespace:
-    """``exercises.<chapter_module>`` itself, or the package objects its REFERENCE table names."""
-    stubs = importlib.import_module(f"exercises.{chapter_module}")
-    if impl == "exercises":
-        return stubs
-    resolved = {}
-    for name, dotted in stubs.REFERENCE.items():
-        module_name, attr = dotted.rsplit(".", 1)
-        resolved[name] = getattr(importlib.import_module(module_name), attr)
-    return types.SimpleNamespace(**resolved)
-
-
 @pytest.fixture
 def impl(request):
     """``impl("ch01_hardware")`` -> the functions an exercise test grades."""
@@ -72,3 +56,15 @@ def smollm2_path() -> Path:
     if path is None:
         pytest.fail("the default model is not in the cache: run `minillm fetch` (make test does)")
     return path
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    """The oracle: transformers' fp32 model and tokenizer built from the same GGUF file (~20 s, once)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": smollm2_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path.parent, dtype=torch.float32, **kwargs).eval()
+    return model, tokenizer

@@ -1,0 +1,166 @@
+"""minillm's CUDA kernels against PyTorch's, at SmolLM2-135M's shapes, on one GPU.
+
+    .venv/bin/python benchmarks/kernels_cuda.py [--contexts 128 1024 4096] [--repeats 20]
+
+For each context length: a decode step (1 new token over `context` keys) and a prefill (`context`
+tokens), every kernel of a layer plus the LM head. Each kernel runs on inputs already on the GPU
+(no PCIe copies in the times); PyTorch's equivalent runs on the very same device memory (shared
+through __cuda_array_interface__), and the two outputs are compared. Reported: median microseconds,
+achieved GB/s and GFLOP/s (minimum traffic and FLOP counts from minillm.kernels.cuda_timing), and
+torch_us / our_us (> 1: ours is faster). For the quantized linears PyTorch has no Q4_1/Q8_0 kernel:
+it runs the fp32 linear on the dequantized weights, i.e. what you would do without a fused kernel.
+Also the matmul ladder at 1024^3, and the GPU's measured copy bandwidth and FP32 peak.
+
+Needs a CUDA GPU. Without one (or under NUMBA_ENABLE_CUDASIM=1, whose timings mean nothing) it
+prints why and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from common import save_result
+from minillm.hardware.gpu import describe_gpu, device_bandwidth
+from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_quant, cuda_timing
+from minillm.kernels.cuda_setup import SIMULATOR, cuda_available
+
+EXIT_NO_GPU = 2
+LADDER_SIZE = 1024
+
+
+# -----------------------------------------------------------------------------------------------
+# PyTorch's equivalent of each *_gpu op, on the same device memory
+
+
+def torch_equivalents():
+    import torch
+    import torch.nn.functional as F
+
+    def rope(x, positions, cos, sin, style):
+        c, s = cos[positions][:, None, :], sin[positions][:, None, :]  # (T, 1, Dh/2)
+        if style == "pairs":
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+    def attention(q, k, v, start, scale):
+        T, S = q.shape[0], start + q.shape[0]
+        if T > 1 and start != 0:
+            raise ValueError("the benchmark's torch attention covers decode (T = 1) and full prefill (start = 0)")
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k[:S].transpose(0, 1)[None], v[:S].transpose(0, 1)[None],
+            is_causal=T > 1, scale=scale, enable_gqa=True)  # (1, H, T, Dh)
+        return out[0].transpose(0, 1)  # (T, H, Dh)
+
+    return {
+        cuda_ops.rms_norm_gpu: lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
+        cuda_matmul.linear_gpu: F.linear,
+        cuda_quant.qlinear_gpu: F.linear,  # on the dequantized weights
+        cuda_ops.rope_gpu: rope,
+        cuda_attention.attention_gpu: attention,
+        cuda_ops.swiglu_gpu: lambda gate, up: F.silu(gate) * up,
+        cuda_ops.embedding_gpu: F.embedding,
+        cuda_ops.softmax_gpu: lambda x: torch.softmax(x, dim=-1),
+        cuda_basics.vector_add_gpu: torch.add,
+        cuda_basics.reduce_sum_gpu: lambda x: x.sum(),
+        cuda_matmul.matmul_naive_gpu: torch.matmul,
+        cuda_matmul.matmul_tiled_gpu: torch.matmul,
+        cuda_matmul.matmul_register_tiled_gpu: torch.matmul,
+    }
+
+
+def as_torch(arg):
+    """Device arrays -> torch tensors on the same memory; a quantized matrix -> its fp32 weights."""
+    import torch
+
+    if isinstance(arg, cuda_quant.GPUQMatrix):
+        arg = cuda_quant.dequantize_gpu(arg)
+    if hasattr(arg, "__cuda_array_interface__"):
+        return torch.as_tensor(arg, device="cuda")
+    return arg
+
+
+def time_torch(fn, args, repeats: int) -> float:
+    import torch
+
+    fn(*args)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(np.median(times))
+
+
+# -----------------------------------------------------------------------------------------------
+
+
+def measure(runs, equivalents, repeats: int) -> list[dict]:
+    rows = []
+    for run in runs:
+        ours_s = cuda_timing.time_gpu(run.run, repeats)
+        row = {"kernel": run.name, "our_us": ours_s * 1e6, "GB_per_s": run.bytes / ours_s / 1e9,
+               "GFLOP_per_s": run.flops / ours_s / 1e9, "intensity_flop_per_byte": run.intensity,
+               "torch_us": None, "torch_over_ours": None, "max_abs_diff": None}
+        if equivalents is not None:
+            fn, args = equivalents[run.op], tuple(as_torch(a) for a in run.args)
+            theirs = fn(*args)
+            ours = np.asarray(run.run().copy_to_host()).reshape(-1)[: theirs.numel()]  # reduce_sum: (1,)
+            row["max_abs_diff"] = float(np.max(np.abs(ours - theirs.detach().cpu().numpy().reshape(-1))))
+            torch_s = time_torch(fn, args, repeats)
+            row.update(torch_us=torch_s * 1e6, torch_over_ours=torch_s / ours_s)
+        print(f"  {row['kernel']:42s} {row['our_us']:10.1f} us {row['GB_per_s']:8.1f} GB/s "
+              f"{row['GFLOP_per_s']:9.1f} GFLOP/s"
+              + (f"   torch {row['torch_us']:10.1f} us  ratio {row['torch_over_ours']:5.2f}"
+                 f"  |diff| {row['max_abs_diff']:.1e}" if row["torch_us"] is not None else ""))
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+
+    available, reason = cuda_available()
+    if SIMULATOR or not available:
+        print(f"benchmarks/kernels_cuda.py needs a CUDA GPU: {reason}", file=sys.stderr)
+        return EXIT_NO_GPU
+    try:
+        import torch
+
+        equivalents = torch_equivalents() if torch.cuda.is_available() else None
+    except ImportError:
+        equivalents = None
+    if equivalents is None:
+        print("PyTorch with CUDA is not installed: timing minillm's kernels alone", file=sys.stderr)
+
+    gpu = describe_gpu()
+    bandwidth = device_bandwidth()
+    peak = cuda_timing.fp32_peak_flops()
+    print(f"{gpu.name}: {gpu.sm_count} SMs, copy bandwidth {bandwidth.bandwidth_gbs:,.0f} GB/s, "
+          f"FP32 peak {peak / 1e12 if peak else float('nan'):.1f} TFLOP/s")
+    results = {"gpu": gpu.__dict__, "copy_bandwidth_gbs": bandwidth.bandwidth_gbs, "fp32_peak_flops": peak,
+               "torch_compared": equivalents is not None, "decode": {}, "prefill": {}}
+    for context in args.contexts:
+        for phase, tokens in (("decode", 1), ("prefill", context)):
+            print(f"{phase}: {tokens} token(s), context {context}")
+            runs = cuda_timing.smollm2_kernel_runs(tokens, context)
+            results[phase][str(context)] = measure(runs, equivalents, args.repeats)
+    print(f"matmul ladder at {LADDER_SIZE}^3")
+    results["ladder"] = measure(cuda_timing.ladder_runs(LADDER_SIZE), equivalents, args.repeats)
+    save_result("kernels_cuda", results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

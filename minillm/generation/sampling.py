@@ -1,0 +1,315 @@
+"""Sampling: the next-token logits of a batch of sequences -> one token per sequence.
+
+Each row of the logits goes through the same pipeline, in vLLM's order, with its own parameters:
+
+    raw logits (B, V) ---------------------------------------------> logprobs (if asked)
+      -> min_tokens      eos and stop ids get -inf until min_tokens tokens are out
+      -> penalties       repetition (prompt + output), frequency and presence (output only)
+      -> temperature 0:  argmax (ties go to the lowest id)                   -> token
+         otherwise:      / temperature -> min_p -> top_k -> top_p -> draw   -> token
+
+The draw uses the row's own `numpy.random.Generator`, seeded from `SamplingParams.seed`: a seeded
+request gives the same tokens whatever else shares its batch. Logprobs are the log-softmax of the
+raw logits, before penalties and temperature - what vLLM returns by default
+(`logprobs_mode="raw_logprobs"`), and what the model itself believes.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
+
+# -----------------------------------------------------------------------------------------------
+# Parameters
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, name: str, allowed: str, value) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop - vLLM's names, defaults and meanings.
+
+    top_k -1 or 0 and top_p 1 switch those filters off; temperature 0 is greedy decoding.
+    `stop` (strings) and `stop_token_ids` are normalised to lists. `max_tokens=None` means "until
+    the context is full". `logprobs=N` returns the chosen token's logprob and the N most likely.
+    """
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        _require(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
+        _require(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a number >= 0",
+                 self.temperature)
+        _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _require(_is_int(self.top_k) and self.top_k >= -1, "top_k", "an integer >= -1 (-1 or 0: all tokens)",
+                 self.top_k)
+        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require(_is_number(value) and -2 <= value <= 2, name, "in [-2, 2]", value)
+        _require(_is_number(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+                 "a number > 0 (1 = off)", self.repetition_penalty)
+        _require(self.seed is None or _is_int(self.seed), "seed", "an integer or None", self.seed)
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        _require(stop is None or (isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)),
+                 "stop", "a non-empty string or a list of them", self.stop)
+        self.stop = list(stop or [])
+        ids = self.stop_token_ids
+        _require(ids is None or (isinstance(ids, (list, tuple)) and all(_is_int(i) and i >= 0 for i in ids)),
+                 "stop_token_ids", "a list of token ids (integers >= 0)", ids)
+        self.stop_token_ids = list(ids or [])
+        _require(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
+        _require(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens",
+                 "an integer >= 1 or None", self.max_tokens)
+        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "an integer >= 0",
+                 self.min_tokens)
+        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+                 f"<= max_tokens ({self.max_tokens})", self.min_tokens)
+        _require(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0), "logprobs",
+                 "an integer >= 0 or None", self.logprobs)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+@dataclass
+class SamplingState:
+    """One sequence being sampled: its parameters, its history and its random generator.
+
+    `output_ids` is the caller's list of generated ids (pass the request's own list and append
+    each sampled token to it): penalties and min_tokens read it. `choice` numbers the n sequences
+    of one request; choice i draws from seed + i, as vLLM seeds a request's n children.
+    """
+    params: SamplingParams
+    prompt_ids: Sequence[int] = ()
+    output_ids: list[int] = field(default_factory=list)
+    choice: int = 0
+    rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self):
+        seed = self.params.seed
+        self.rng = np.random.default_rng(None if seed is None else (seed + self.choice) % 2**64)
+
+
+@dataclass
+class TokenLogprobs:
+    """The chosen token's logprob, its rank (1 = most likely) and the top-N alternatives."""
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class SampleResult:
+    token_ids: np.ndarray                   # (B,) int64, one chosen token per row
+    logprobs: list[TokenLogprobs | None]    # per row; None where params.logprobs is None
+
+
+# -----------------------------------------------------------------------------------------------
+# The steps, each on a batch of rows: (B, V) logits and (B,) per-row parameters
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities along the last axis, in float64; -inf logits get probability 0."""
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))      # (..., V) the max entry is exp(0) = 1
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)         # (..., V)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def apply_penalties(logits: np.ndarray, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]],
+                    presence: np.ndarray, frequency: np.ndarray, repetition: np.ndarray) -> np.ndarray:
+    """Penalised copy of `logits` (B, V).
+
+    repetition r (tokens in prompt or output): positive logits / r, negative ones * r;
+    frequency f: minus f * (count in the output); presence p: minus p once per token in the output.
+    """
+    B, V = logits.shape
+    counts = np.zeros((B, V))                           # (B, V) occurrences in the generated tokens
+    seen = np.zeros((B, V), dtype=bool)                 # (B, V) in the prompt or the output
+    for row in range(B):
+        counts[row] = np.bincount(np.asarray(output_ids[row], dtype=np.int64), minlength=V)
+        seen[row, np.asarray(prompt_ids[row], dtype=np.int64)] = True
+    seen |= counts > 0
+    r = np.asarray(repetition, dtype=np.float64)[:, None]          # (B, 1)
+    out = np.where(seen, np.where(logits > 0, logits / r, logits * r), logits)
+    out -= np.asarray(frequency, dtype=np.float64)[:, None] * counts
+    out -= np.asarray(presence, dtype=np.float64)[:, None] * (counts > 0)
+    return out
+
+
+def min_p_filter(logits: np.ndarray, min_p: np.ndarray) -> np.ndarray:
+    """Keep tokens with p >= min_p * p_max, per row; the rest get -inf."""
+    probs = softmax(logits)                                                      # (B, V)
+    threshold = np.asarray(min_p, dtype=np.float64)[:, None] * probs.max(axis=-1, keepdims=True)  # (B, 1)
+    return np.where(probs >= threshold, logits, -np.inf)
+
+
+def top_k_filter(logits: np.ndarray, top_k: np.ndarray) -> np.ndarray:
+    """Keep the k largest logits per row (and any tied with the k-th); k <= 0 keeps all."""
+    out = np.array(logits, dtype=np.float64)            # (B, V)
+    V = out.shape[-1]
+    for row, k in enumerate(np.asarray(top_k)):
+        if 0 < k < V:
+            kth_largest = np.partition(out[row], V - k)[V - k]
+            out[row, out[row] < kth_largest] = -np.inf
+    return out
+
+
+def top_p_filter(logits: np.ndarray, top_p: float | np.ndarray) -> np.ndarray:
+    """Nucleus filtering: keep the smallest set of most likely tokens whose probability reaches top_p.
+
+    `logits` (..., V); `top_p` a number or one per row (...). Walking down the tokens by
+    probability, a token is kept while the mass of the tokens before it is still below top_p - so
+    the token that crosses top_p is kept, and the most likely token always is. Ties are ranked by
+    lower id first. Returns a copy with the dropped tokens at -inf.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    order = np.argsort(-logits, axis=-1, kind="stable")                      # (..., V) most likely first
+    probs = softmax(np.take_along_axis(logits, order, axis=-1))              # (..., V) sorted probabilities
+    mass_before = np.cumsum(probs, axis=-1) - probs                          # (..., V) mass ranked above
+    keep_sorted = mass_before < np.asarray(top_p, dtype=np.float64)[..., None]
+    keep = np.empty_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)                     # back to token order
+    return np.where(keep, logits, -np.inf)
+
+
+def top_n(values: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n largest values, largest first, ties to the lower index.
+
+    The same as np.argsort(-values, kind="stable")[:n] without sorting the whole vocabulary:
+    partition finds the n-th largest value, and only the candidates at or above it are sorted.
+    """
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    n = min(n, values.size)
+    nth_largest = np.partition(values, values.size - n)[values.size - n]
+    candidates = np.flatnonzero(values >= nth_largest)                       # ascending ids, ties included
+    return candidates[np.argsort(-values[candidates], kind="stable")][:n]
+
+
+def draw(logits: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """One token per row from softmax(logits), by inverting the CDF at a uniform u in [0, 1).
+
+    With weights w and cumulative sums c, token j is chosen when c[j-1] <= u * c[-1] < c[j]:
+    a token of weight 0 has c[j] = c[j-1] and can never be chosen. u < 1 keeps u * c[-1] below
+    c[-1] even after rounding, so the index stays inside the vocabulary.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    weights = np.exp(x - x.max(axis=-1, keepdims=True))                      # (B, V) unnormalised
+    cdf = np.cumsum(weights, axis=-1)                                        # (B, V)
+    target = np.asarray(uniforms, dtype=np.float64) * cdf[:, -1]             # (B,)
+    return (cdf <= target[:, None]).sum(axis=-1)                             # (B,) first c[j] > target
+
+
+# -----------------------------------------------------------------------------------------------
+# The batched sampler
+
+
+class Sampler:
+    """Samples one token for each row of a (B, V) logits batch, each row with its own parameters."""
+
+    def __init__(self, eos_token_ids: Iterable[int] = ()):
+        self.eos_token_ids = tuple(eos_token_ids)  # masked by min_tokens unless ignore_eos
+
+    def sample(self, logits: np.ndarray, states: Sequence[SamplingState]) -> SampleResult:
+        raw = np.asarray(logits)
+        if raw.ndim != 2 or raw.shape[0] != len(states):
+            raise ValueError(f"logits must be (batch, vocab) with one row per state; got {raw.shape} "
+                             f"for {len(states)} states")
+        params = [s.params for s in states]
+        x = self._mask_stop_tokens(raw.astype(np.float64), states)              # (B, V)
+
+        penalised = [i for i, p in enumerate(params)
+                     if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1]
+        if penalised:
+            x[penalised] = apply_penalties(
+                x[penalised], [states[i].prompt_ids for i in penalised], [states[i].output_ids for i in penalised],
+                np.array([params[i].presence_penalty for i in penalised]),
+                np.array([params[i].frequency_penalty for i in penalised]),
+                np.array([params[i].repetition_penalty for i in penalised]))
+
+        chosen = np.empty(len(states), dtype=np.int64)                          # (B,)
+        greedy = np.array([p.greedy for p in params])
+        if greedy.any():
+            chosen[greedy] = np.argmax(x[greedy], axis=-1)                      # first max: lowest id
+        rows = np.flatnonzero(~greedy)
+        if rows.size:
+            chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
+        return SampleResult(chosen, self._logprobs(raw, chosen, params))
+
+    def _mask_stop_tokens(self, x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
+        """min_tokens: the request may not end before it has produced min_tokens tokens."""
+        for row, state in enumerate(states):
+            p = state.params
+            if len(state.output_ids) < p.min_tokens:
+                stops = [*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)]
+                if any(i >= x.shape[1] for i in stops):
+                    raise ValueError(f"stop token ids {stops} reach outside the vocabulary ({x.shape[1]} tokens)")
+                x[row, stops] = -np.inf
+        return x
+
+    @staticmethod
+    def _sample_random(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
+        params = [s.params for s in states]
+        x = x / np.array([p.temperature for p in params])[:, None]             # (R, V)
+        # Each filter runs only on the rows that use it: top-k and top-p sort, and sorts cost.
+        min_p = np.array([p.min_p for p in params])                            # (R,)
+        if (use := min_p > 0).any():
+            x[use] = min_p_filter(x[use], min_p[use])
+        top_k = np.array([p.top_k for p in params])                            # (R,)
+        if (use := top_k > 0).any():
+            x[use] = top_k_filter(x[use], top_k[use])
+        top_p = np.array([p.top_p for p in params])                            # (R,)
+        if (use := top_p < 1).any():
+            x[use] = top_p_filter(x[use], top_p[use])
+        uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
+        return draw(x, uniforms)
+
+    @staticmethod
+    def _logprobs(raw: np.ndarray, chosen: np.ndarray, params: Sequence[SamplingParams]) -> list:
+        out: list[TokenLogprobs | None] = [None] * len(params)
+        for row, p in enumerate(params):
+            if p.logprobs is None:
+                continue
+            lp = log_softmax(raw[row])                                         # (V,)
+            token = int(chosen[row])
+            top = top_n(lp, p.logprobs)                                        # (N,) most likely first
+            out[row] = TokenLogprobs(token_id=token, logprob=float(lp[token]), rank=int((lp > lp[token]).sum()) + 1,
+                                     top_ids=top.tolist(), top_logprobs=lp[top].tolist())
+        return out

@@ -1,0 +1,375 @@
+"""Microbenchmarks: how fast can this machine move bytes, find a byte, and do arithmetic?
+
+Four questions, each answered by a small kernel and returned as dataclasses (units in the field
+names), so that the command line, the chapters and the roofline all read the same figures:
+
+- bandwidth: read / copy / triad over a working set swept from 16 KiB to 1 GiB. Small working sets
+  live in L1, larger ones in L2, L3, then DRAM: the bandwidth falls in plateaus, one per level.
+- latency: pointer chasing around one random cycle through the working set. Each load's address
+  is the previous load's result, so nothing overlaps and no prefetcher can guess: the time per hop
+  is the latency of the level the working set fits in (the staircase).
+- peak FP32 FLOP/s: a BLAS matrix multiply (what NumPy gets from a tuned library) and a Numba loop
+  of fused multiply-adds on independent accumulators (what our own compiled code can reach).
+- per-call overhead: what one call costs before any work is done - Python, Numba's dispatcher,
+  a NumPy ufunc, a PyTorch op. Decode runs hundreds of small operators per token; this is the tax.
+
+Timings are the best of several repeats: noise (other processes, frequency changes) only ever makes
+a run slower, so the minimum is the closest to what the hardware can do.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import time
+import timeit
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from minillm.hardware.machine import Machine
+
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+CACHE_LINE_BYTES = 64
+BANDWIDTH_KERNELS = ("read", "copy", "triad")
+ARRAYS_PER_KERNEL = {"read": 1, "copy": 2, "triad": 3}   # float32 arrays each kernel streams through
+
+
+def sweep_sizes(smallest: int = 16 * KIB, largest: int = GIB, factor: int = 2) -> list[int]:
+    """Working-set sizes smallest, smallest*factor, ... up to largest (inclusive)."""
+    if smallest <= 0 or largest < smallest or factor < 2:
+        raise ValueError(f"sweep_sizes needs 0 < smallest <= largest and factor >= 2, got "
+                         f"smallest={smallest}, largest={largest}, factor={factor}")
+    sizes = [smallest]
+    while sizes[-1] * factor <= largest:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+# ----------------------------------------------------------------------------------------------
+# Bandwidth: read, copy, triad
+#
+# Each kernel runs `reps` passes over its arrays inside compiled code, so that a 16 KiB working set
+# is timed over many passes rather than one call's overhead. Threads split the arrays into one
+# contiguous slice each and stream their own slice again and again: a slice stays in that core's
+# private caches, so with T threads the L1 and L2 plateaus reach T times one core's capacity.
+# The single-thread loops index with range(a.size), which lets LLVM vectorize them (SIMD loads).
+
+@njit(fastmath=True, cache=True)
+def _read_passes(a, reps):
+    total = np.float32(0.0)
+    for _ in range(reps):
+        for i in range(a.size):
+            total += a[i]
+    return total
+
+
+@njit(fastmath=True, cache=True)
+def _copy_passes(src, dst, reps):
+    for _ in range(reps):
+        for i in range(src.size):
+            dst[i] = src[i]
+
+
+@njit(fastmath=True, cache=True)
+def _triad_passes(a, b, c, scalar, reps):
+    for _ in range(reps):
+        for i in range(a.size):
+            a[i] = b[i] + scalar * c[i]
+
+
+@njit(parallel=True, cache=True)
+def _read_kernel(a, reps, threads):
+    chunk = -(-a.size // threads)
+    partial = np.zeros(threads, np.float32)   # (threads,) one sum each: the result keeps the loads alive
+    for t in prange(threads):
+        partial[t] = _read_passes(a[t * chunk:(t + 1) * chunk], reps)
+    return partial.sum()
+
+
+@njit(parallel=True, cache=True)
+def _copy_kernel(src, dst, reps, threads):
+    chunk = -(-src.size // threads)
+    for t in prange(threads):
+        _copy_passes(src[t * chunk:(t + 1) * chunk], dst[t * chunk:(t + 1) * chunk], reps)
+
+
+@njit(parallel=True, cache=True)
+def _triad_kernel(a, b, c, scalar, reps, threads):
+    chunk = -(-a.size // threads)
+    for t in prange(threads):
+        lo, hi = t * chunk, (t + 1) * chunk
+        _triad_passes(a[lo:hi], b[lo:hi], c[lo:hi], scalar, reps)
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    kernel: str               # "read" (1 array), "copy" (2 arrays), "triad" (3 arrays)
+    working_set_bytes: int    # all arrays together
+    bandwidth_gbs: float      # bytes read + bytes written per second, / 1e9 (STREAM's convention)
+    threads: int
+
+
+def measure_bandwidth(kernel: str, working_set_bytes: int, threads: int | None = None,
+                      repeats: int = 10, min_bytes: int = 32 * MIB) -> BandwidthPoint:
+    """Stream ``working_set_bytes`` of float32 arrays through one kernel; best of ``repeats``.
+
+    read: sum(a); copy: b[:] = a; triad: a[:] = b + s*c. Each timing moves at least ``min_bytes``
+    (several passes for small working sets). Write-allocate traffic is not counted, as in STREAM.
+    Many short timings rather than a few long ones: on a busy machine, the more chances a timing
+    has to run undisturbed, the better the best of them.
+    """
+    if kernel not in ARRAYS_PER_KERNEL:
+        raise ValueError(f"unknown bandwidth kernel {kernel!r}; choose one of {BANDWIDTH_KERNELS}")
+    threads = threads or numba.get_num_threads()
+    if not 1 <= threads <= numba.get_num_threads():
+        raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
+    n_arrays = ARRAYS_PER_KERNEL[kernel]
+    n = working_set_bytes // (4 * n_arrays)   # float32 elements per array
+    if n < threads:
+        raise ValueError(f"working set of {working_set_bytes} bytes is too small for {threads} threads")
+    arrays = [np.ones(n, np.float32) for _ in range(n_arrays)]   # n_arrays x (n,); np.ones touches every page now
+    moved = 4 * n * n_arrays
+    reps = max(1, math.ceil(min_bytes / moved))
+    _run_bandwidth_kernel(kernel, arrays, 1, threads)   # compile (or load from cache), warm the caches
+    seconds = best_time(lambda: _run_bandwidth_kernel(kernel, arrays, reps, threads), repeats)
+    return BandwidthPoint(kernel, moved, moved * reps / seconds / 1e9, threads)
+
+
+def _run_bandwidth_kernel(kernel: str, arrays: list[np.ndarray], reps: int, threads: int):
+    if kernel == "read":
+        return _read_kernel(*arrays, reps, threads)
+    if kernel == "copy":
+        return _copy_kernel(*arrays, reps, threads)
+    return _triad_kernel(*arrays, np.float32(0.5), reps, threads)
+
+
+def bandwidth_sweep(kernel: str = "read", sizes: list[int] | None = None, threads: int | None = None,
+                    repeats: int = 10, min_bytes: int = 32 * MIB) -> list[BandwidthPoint]:
+    """``measure_bandwidth`` at each working-set size (default 16 KiB, 32 KiB, ..., 1 GiB)."""
+    return [measure_bandwidth(kernel, size, threads, repeats, min_bytes) for size in sizes or sweep_sizes()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Latency: pointer chasing around one random cycle
+
+def single_cycle_permutation(n: int, rng: np.random.Generator) -> np.ndarray:
+    """A random permutation of 0..n-1 that is ONE cycle: following i -> perm[i] from any start
+    visits every element before coming back (Sattolo's algorithm).
+
+    A plain random permutation splits into several cycles, and a chase could get stuck in a short
+    one that fits in L1. Sattolo's variant of the Fisher-Yates shuffle swaps element i only with an
+    element j < i (never with itself), which is exactly what makes the result a single cycle.
+    """
+    if n < 1:
+        raise ValueError(f"a permutation needs n >= 1 elements, got {n}")
+    # j_i uniform in [0, i) for i = 1 .. n-1, drawn all at once; the swaps must run in order.
+    swap_with = (rng.random(n - 1) * np.arange(1, n)).astype(np.int64)   # (n - 1,)
+    perm = np.arange(n, dtype=np.int64)                                   # (n,)
+    _sattolo_swaps(perm, swap_with)
+    return perm
+
+
+@njit(cache=True)
+def _sattolo_swaps(perm, swap_with):
+    for i in range(perm.size - 1, 0, -1):
+        j = swap_with[i - 1]
+        perm[i], perm[j] = perm[j], perm[i]
+
+
+@njit(cache=True)
+def _chase(next_index, start, hops):
+    i = start
+    for _ in range(hops):
+        i = next_index[i]   # the next address is this load's result: no two loads overlap
+    return i
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    working_set_bytes: int
+    latency_ns: float         # per dependent load
+    hops: int
+
+
+def measure_latency(working_set_bytes: int, hops: int = 1 << 18, repeats: int = 5,
+                    rng: np.random.Generator | None = None) -> LatencyPoint:
+    """Time ``hops`` dependent loads around a random cycle through ``working_set_bytes``.
+
+    One pointer per 64-byte cache line, so every hop lands on a different line; the lines are
+    visited in the order of a single-cycle permutation. Single-threaded: latency is per core.
+    """
+    n_lines = working_set_bytes // CACHE_LINE_BYTES
+    if n_lines < 2:
+        raise ValueError(f"working set must hold at least 2 cache lines, got {working_set_bytes} bytes")
+    per_line = CACHE_LINE_BYTES // 8
+    next_index = np.zeros(n_lines * per_line, np.int64)     # (n_lines * 8,) = working_set_bytes
+    cycle = single_cycle_permutation(n_lines, rng or np.random.default_rng(0))
+    next_index[::per_line] = cycle * per_line               # line k's first word -> line cycle[k]
+    _chase(next_index, 0, min(n_lines, hops))               # compile, then warm the caches
+    seconds = best_time(lambda: _chase(next_index, 0, hops), repeats)
+    return LatencyPoint(n_lines * CACHE_LINE_BYTES, seconds / hops * 1e9, hops)
+
+
+def latency_sweep(sizes: list[int] | None = None, hops: int = 1 << 18, repeats: int = 5,
+                  seed: int = 0) -> list[LatencyPoint]:
+    """``measure_latency`` at each size (default 16 KiB, 32 KiB, ..., 256 MiB)."""
+    rng = np.random.default_rng(seed)
+    return [measure_latency(size, hops, repeats, rng) for size in sizes or sweep_sizes(16 * KIB, 256 * MIB)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Peak FP32 FLOP/s
+
+FMA_LANES = 128   # 8 AVX-512 (or 32 NEON) registers of independent accumulators
+
+
+@njit(fastmath=True, cache=True)
+def _fma_lanes(iters, seed):
+    # x = x*a + b on FMA_LANES values at once: the inner loop becomes a handful of SIMD FMAs on
+    # registers, and the lanes are independent, so the FMA units never wait for a previous result.
+    x = np.empty(FMA_LANES, np.float32)   # (FMA_LANES,), kept in vector registers
+    for k in range(FMA_LANES):
+        x[k] = np.float32(k + seed) * np.float32(1e-3)
+    a, b = np.float32(0.999999), np.float32(1e-7)
+    for _ in range(iters):
+        for k in range(FMA_LANES):
+            x[k] = x[k] * a + b
+    return x.sum()
+
+
+@njit(parallel=True, cache=True)
+def _fma_kernel(iters, threads):
+    partial = np.zeros(threads, np.float32)   # (threads,)
+    for t in prange(threads):
+        partial[t] = _fma_lanes(iters, t)
+    return partial.sum()
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    method: str               # "numpy matmul (BLAS)" or "numba FMA loop"
+    gflops: float             # 1e9 floating-point operations per second (an FMA counts as 2)
+    threads: int | None       # None: the BLAS library chooses
+
+
+def gemm_flops(n: int = 1024, repeats: int = 10) -> PeakFlops:
+    """FP32 ``a @ b`` with n x n matrices through NumPy's BLAS: 2 n^3 FLOP."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)   # (n, n)
+    b = rng.standard_normal((n, n), dtype=np.float32)   # (n, n)
+    a @ b   # the BLAS library starts its threads on the first call
+    seconds = best_time(lambda: a @ b, repeats)
+    return PeakFlops("numpy matmul (BLAS)", 2 * n**3 / seconds / 1e9, None)
+
+
+def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 30) -> PeakFlops:
+    """A Numba loop of FMAs on independent accumulators, one copy per thread."""
+    threads = threads or numba.get_num_threads()
+    if not 1 <= threads <= numba.get_num_threads():
+        raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
+    _fma_kernel(1, threads)
+    seconds = best_time(lambda: _fma_kernel(iters, threads), repeats)
+    return PeakFlops("numba FMA loop", 2 * FMA_LANES * iters * threads / seconds / 1e9, threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-call overhead
+
+@njit(cache=True)
+def _numba_noop(x):
+    return x
+
+
+def _python_noop(x):
+    return x
+
+
+@dataclass(frozen=True)
+class CallOverhead:
+    what: str
+    latency_ns: float         # per call, the cost of the timing loop itself subtracted
+
+
+def call_overheads(calls: int = 100_000, repeats: int = 5) -> list[CallOverhead]:
+    """Time ``calls`` back-to-back calls of near-empty functions: pure overhead, no work.
+
+    A PyTorch op is included when torch is installed (importing it takes a second or two).
+    """
+    tiny = np.ones(8, np.float32)   # (8,)
+    out = np.empty(8, np.float32)    # (8,)
+    _numba_noop(1)
+    cases = [
+        ("python function call", lambda: _python_noop(1)),
+        ("numba function call (dispatch)", lambda: _numba_noop(1)),
+        ("numpy ufunc, 8 floats (np.add)", lambda: np.add(tiny, tiny, out=out)),
+    ]
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        t_tiny, t_out = torch.ones(8), torch.empty(8)
+        cases.append(("torch op, 8 floats (torch.add)", lambda: torch.add(t_tiny, t_tiny, out=t_out)))
+    loop = min(timeit.repeat("pass", number=calls, repeat=repeats))
+    results = []
+    for what, call in cases:
+        seconds = min(timeit.repeat(call, number=calls, repeat=repeats))
+        results.append(CallOverhead(what, max(seconds - loop, 0.0) / calls * 1e9))
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# From a sweep to one figure per memory level
+
+def level_capacities(machine: Machine, threads: int = 1) -> dict[str, int]:
+    """Bytes that fit in each cache level when ``threads`` threads split the working set.
+
+    A private cache (one per core) contributes one instance per thread; a shared cache (L3) one
+    instance per group of CPUs sharing it.
+    """
+    return {
+        f"L{cache.level}": cache.size_bytes * math.ceil(threads / cache.shared_by_cpus)
+        for cache in machine.data_caches()
+    }
+
+
+def per_level(points: list[BandwidthPoint] | list[LatencyPoint], capacities: dict[str, int],
+              value: str, reduce=max) -> dict[str, float]:
+    """One figure per level ("L1", "L2", "L3", "DRAM") from a sweep.
+
+    A point counts for a cache level when its working set is at most half that level (so it fits,
+    with room for everything else) and over twice the level below (so that level cannot hold most
+    of it); for DRAM when it is at least 4x the last cache. Points in between are transitions.
+    ``reduce`` combines the points of a level: max for bandwidth (the ceiling), median for latency.
+    """
+    figures, below = {}, 0
+    for level, capacity in capacities.items():
+        inside = [getattr(p, value) for p in points if 2 * below < p.working_set_bytes <= capacity // 2]
+        if inside:
+            figures[level] = reduce(inside)
+        below = capacity
+    dram = [getattr(p, value) for p in points if p.working_set_bytes >= 4 * below]
+    if dram:
+        figures["DRAM"] = reduce(dram)
+    return figures
+
+
+def bandwidth_by_level(points: list[BandwidthPoint], machine: Machine) -> dict[str, float]:
+    """The best bandwidth (GB/s) seen in each level's plateau."""
+    return per_level(points, level_capacities(machine, points[0].threads), "bandwidth_gbs", max)
+
+
+def latency_by_level(points: list[LatencyPoint], machine: Machine) -> dict[str, float]:
+    """The median latency (ns) in each level's plateau (single-threaded: one core's caches)."""
+    return per_level(points, level_capacities(machine, 1), "latency_ns", statistics.median)
+
+
+def best_time(run, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``run()``."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best

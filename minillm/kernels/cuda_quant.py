@@ -1,0 +1,181 @@
+"""Block-quantized weights on the GPU: the fused matvec that decode runs, and dequantize for prefill.
+
+The packed GGUF bytes go to the GPU as they are, (rows, cols // 32 * block_bytes) uint8. Every
+block starts with its fp16 scale (and Q4_1 with its fp16 min) at an even byte offset, so a float16
+view of the same memory reads them: `float32(halves[row, offset // 2])` converts in hardware.
+
+    Q8_0  34 bytes = d + 32 x int8 q                 w = q * d
+    Q4_0  18 bytes = d + 16 bytes of nibbles         w = (q - 8) * d
+    Q4_1  20 bytes = d + m + 16 bytes of nibbles     w = q * d + m
+    (byte j of the nibbles: weight j in the low 4 bits, weight j + 16 in the high 4 bits)
+
+Decode (T tokens, T small): `qmatvec_kernel`, one warp per output row. Lane j handles weight j of
+every block of the row, so a warp consumes one block per step: 32 consecutive floats of x
+(coalesced) and the block's 16-20 bytes (lanes j and j + 16 share byte j: a broadcast). The fp32
+weights never exist in memory - the whole point, since decode's speed is bytes read per token,
+and Q4_1 is 5 bits per weight against fp32's 32.
+
+Prefill (many tokens): compute-bound, so the weights are dequantized into fp32 once and the
+tiled matmul reuses each of them across the tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from minillm.kernels.cuda_basics import warp_sum
+from minillm.kernels.cuda_matmul import linear_gpu
+from minillm.kernels.cuda_setup import WARP, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.quant import QMatrix
+
+Q8_0, Q4_0, Q4_1 = 0, 1, 2
+QTYPE_CODES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
+QMATVEC_MAX_T = 8  # up to this many tokens: the fused kernel; beyond, dequantize + tiled matmul
+QMATVEC_WARPS = 4  # rows per block
+
+
+# -----------------------------------------------------------------------------------------------
+# One weight, decoded from the packed bytes. The qtype is the same in every thread: a uniform
+# branch, so it costs no divergence.
+
+
+@cuda.jit(device=True)
+def quantized_weight(data, halves, qtype, row, col):
+    """w[row, col] from data (rows, nbytes) uint8 and halves, its float16 view (rows, nbytes // 2)."""
+    block, j = col // 32, col % 32
+    if qtype == Q8_0:
+        base = block * 34
+        q = int32(data[row, base + 2 + j])
+        if q > 127:  # the byte is an int8
+            q -= 256
+        return float32(q) * float32(halves[row, base // 2])
+    if qtype == Q4_0:
+        base, first_nibble = block * 18, 2
+    else:
+        base, first_nibble = block * 20, 4
+    byte = data[row, base + first_nibble + j % 16]
+    q = int32(byte & 0x0F) if j < 16 else int32(byte >> 4)
+    d = float32(halves[row, base // 2])
+    if qtype == Q4_0:
+        return float32(q - 8) * d
+    return float32(q) * d + float32(halves[row, base // 2 + 1])  # Q4_1: + m
+
+
+# -----------------------------------------------------------------------------------------------
+# Decode: the fused quantized matvec
+
+
+@cuda.jit
+def qmatvec_kernel(x, data, halves, qtype, out):
+    """x (T, cols) -> out (T, rows); block (i, t): rows i*QMATVEC_WARPS.. of token t, a warp each."""
+    t = cuda.blockIdx.y
+    row = cuda.blockIdx.x * QMATVEC_WARPS + cuda.threadIdx.x // WARP
+    lane = cuda.threadIdx.x % WARP
+    if row >= out.shape[1]:
+        return  # the whole warp leaves together
+    acc = float32(0.0)
+    for block in range(x.shape[1] // 32):
+        col = block * 32 + lane
+        acc += quantized_weight(data, halves, qtype, row, col) * x[t, col]
+    acc = warp_sum(acc)
+    if lane == 0:
+        out[t, row] = acc
+
+
+# -----------------------------------------------------------------------------------------------
+# Prefill and embeddings: decode whole rows
+
+
+@cuda.jit
+def dequantize_kernel(data, halves, qtype, out):
+    col, row = cuda.grid(2)  # neighbouring threads, neighbouring columns: coalesced writes
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = quantized_weight(data, halves, qtype, row, col)
+
+
+@cuda.jit
+def qembedding_kernel(ids, data, halves, qtype, out):
+    t = cuda.blockIdx.x  # one block per token; only the rows named are decoded
+    for col in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+        out[t, col] = quantized_weight(data, halves, qtype, ids[t], col)
+
+
+# -----------------------------------------------------------------------------------------------
+# Host side
+
+
+class GPUQMatrix:
+    """A QMatrix's packed bytes on the GPU, with the float16 view of the same memory."""
+
+    def __init__(self, qm: QMatrix):
+        self.shape = qm.shape  # (rows, cols)
+        self.code = QTYPE_CODES[qm.qtype]
+        self.data = to_gpu(qm.data, np.uint8)  # (rows, cols // 32 * block_bytes)
+        self.halves = self.data.view(np.float16)  # (rows, cols // 32 * block_bytes // 2), no copy
+
+
+DEQUANT_BLOCK = 16
+
+
+def dequantize_gpu(qm: GPUQMatrix):
+    """-> (rows, cols) float32 device array."""
+    rows, cols = qm.shape
+    out = empty_gpu((rows, cols))  # (rows, cols)
+    grid = (blocks_for(cols, DEQUANT_BLOCK), blocks_for(rows, DEQUANT_BLOCK))
+    dequantize_kernel[grid, (DEQUANT_BLOCK, DEQUANT_BLOCK)](qm.data, qm.halves, qm.code, out)
+    return out
+
+
+def qlinear_gpu(x, qm: GPUQMatrix):
+    """x (T, cols) device array -> (T, rows) device array = x @ W.T."""
+    T, rows = x.shape[0], qm.shape[0]
+    if T > QMATVEC_MAX_T:
+        return linear_gpu(x, dequantize_gpu(qm))
+    out = empty_gpu((T, rows))  # (T, rows)
+    grid = (blocks_for(rows, QMATVEC_WARPS), T)
+    qmatvec_kernel[grid, QMATVEC_WARPS * WARP](x, qm.data, qm.halves, qm.code, out)
+    return out
+
+
+def _check_qmatrix(qm: QMatrix) -> None:
+    if not isinstance(qm, QMatrix):
+        raise ValueError(f"expected a QMatrix, got {type(qm).__name__}")
+
+
+def _check_input(x: np.ndarray, qm: QMatrix, ndim: int) -> None:
+    if x.ndim != ndim or x.shape[-1] != qm.shape[1]:
+        want = "(cols,)" if ndim == 1 else "(T, cols)"
+        raise ValueError(f"x must be {want} with cols = {qm.shape[1]} for a {qm!r}, got shape {x.shape}")
+
+
+def dequantize(qm: QMatrix) -> np.ndarray:
+    """QMatrix -> (rows, cols) float32, decoded on the GPU."""
+    _check_qmatrix(qm)
+    return dequantize_gpu(GPUQMatrix(qm)).copy_to_host()
+
+
+def qmatvec(x: np.ndarray, qm: QMatrix) -> np.ndarray:
+    """x (cols,) -> (rows,) = W @ x, straight from the packed blocks."""
+    _check_qmatrix(qm)
+    _check_input(x, qm, 1)
+    return qlinear_gpu(to_gpu(x[None]), GPUQMatrix(qm)).copy_to_host()[0]
+
+
+def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
+    """x (T, cols) -> (T, rows) = x @ W.T: fused for T <= QMATVEC_MAX_T, else dequantize + tiled matmul."""
+    _check_qmatrix(qm)
+    _check_input(x, qm, 2)
+    return qlinear_gpu(to_gpu(x), GPUQMatrix(qm)).copy_to_host()
+
+
+def qembedding(ids: np.ndarray, qm: QMatrix) -> np.ndarray:
+    """ids (T,) int -> (T, cols) float32: only the rows the ids name are decoded."""
+    _check_qmatrix(qm)
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)  # (T,)
+    if ids.size and (ids.min() < 0 or ids.max() >= qm.shape[0]):
+        bad = ids[(ids < 0) | (ids >= qm.shape[0])][0]
+        raise IndexError(f"token id {bad} is out of range for an embedding table of {qm.shape[0]} rows")
+    gq = GPUQMatrix(qm)
+    out = empty_gpu((ids.shape[0], qm.shape[1]))  # (T, cols)
+    qembedding_kernel[ids.shape[0], threads_for(qm.shape[1])](to_gpu(ids, np.int64), gq.data, gq.halves, gq.code, out)
+    return out.copy_to_host()

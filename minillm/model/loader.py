@@ -1,0 +1,126 @@
+"""Load a model - a GGUF file or a Hugging Face directory - into a ready-to-run ``Model``.
+
+    load_model()                       the default model (SmolLM2-135M-Instruct, Q4_1), fetched on first use
+    load_model("model.gguf")           weights stay packed (Q8_0/Q4_0/Q4_1 as QMatrix; F16 -> fp32)
+    load_model("Qwen3-0.6B/")          config.json + *.safetensors, weights as fp32
+
+Both paths produce the same ``ModelWeights`` and run the same forward. One difference is kept, not
+undone: llama.cpp's converter stores the rows of attn_q and attn_k of ``llama`` files in an order
+made for RoPE on adjacent pairs (REFERENCE.md). We keep the file's order and let
+``ModelConfig.from_gguf`` choose ``rope_style = "pairs"``, which rotates exactly those
+pairs - no weight is touched. ``unpermute_qk_rows`` below converts to the Hugging Face order instead
+(chapter 05 uses it to compare GGUF weights with ``transformers`` row by row).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from minillm.kernels.quant import QMatrix
+from minillm.kernels.registry import get_backend
+from minillm.model.config import ModelConfig
+from minillm.model.gguf import GGUFFile
+from minillm.model.layers import LayerWeights, Weight
+from minillm.model.safetensors import load_hf_directory
+from minillm.model.transformer import Model, ModelWeights
+
+# Where each weight lives in each format ({i} is the layer index).
+GGUF_NAMES = {
+    "embedding": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight",
+    "layer": "blk.{i}.",
+    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
+    "wo": "attn_output.weight", "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "mlp_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight",
+    "w_down": "ffn_down.weight",
+}
+HF_NAMES = {
+    "embedding": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "lm_head": "lm_head.weight",
+    "layer": "model.layers.{i}.",
+    "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight", "wo": "self_attn.o_proj.weight", "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight", "mlp_norm": "post_attention_layernorm.weight",
+    "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
+}
+LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+QK_NORM_FIELDS = ("q_norm", "k_norm")
+
+
+def load_model(path: str | Path | None = None, backend: str = "numba") -> Model:
+    """A ``Model`` from a .gguf file or a Hugging Face directory; None -> the default model."""
+    if path is None:
+        from minillm.model.fetch import cached_model_path, fetch
+
+        path = cached_model_path() or fetch()
+    path = Path(path)
+    if path.is_dir():
+        config, weights = load_hf_weights(path)
+    elif path.is_file():
+        config, weights = load_gguf_weights(path)
+    else:
+        raise FileNotFoundError(f"no model at {path}: expected a .gguf file or a Hugging Face model directory")
+    return Model(config, weights, get_backend(backend))
+
+
+# -----------------------------------------------------------------------------
+# the two formats
+
+def load_gguf_weights(path: Path) -> tuple[ModelConfig, ModelWeights]:
+    """Config and weights of a GGUF file; quantized tensors stay packed (zero-copy views of the file)."""
+    gguf = GGUFFile(path)
+    config = ModelConfig.from_gguf(gguf)  # refuses architectures other than llama and qwen3
+    return config, _assemble(config, GGUF_NAMES, gguf.tensors, gguf.tensor, path)
+
+
+def load_hf_weights(path: Path) -> tuple[ModelConfig, ModelWeights]:
+    """Config and fp32 weights of a Hugging Face directory (config.json + *.safetensors)."""
+    config_dict, tensors = load_hf_directory(path)
+    config = ModelConfig.from_hf_config(config_dict)  # refuses model types other than llama and qwen3
+    return config, _assemble(config, HF_NAMES, tensors, tensors.__getitem__, path)
+
+
+def _assemble(config: ModelConfig, names: dict[str, str], available, read, path: Path) -> ModelWeights:
+    """ModelWeights from the tensors named by ``names``; ``read(name)`` returns one of ``available``."""
+    def tensor(name: str) -> Weight:
+        if name not in available:
+            raise ValueError(f"{path} has no tensor {name!r}, which a {config.architecture} model needs")
+        return _as_weight(read(name), name)
+
+    fields = LAYER_FIELDS + (QK_NORM_FIELDS if config.qk_norm else ())
+    layers = [LayerWeights(**{f: tensor(names["layer"].format(i=i) + names[f]) for f in fields})
+              for i in range(config.n_layers)]
+    embedding = tensor(names["embedding"])
+    # A tied model uses the embedding as LM head (a checkpoint may still carry a copy of it).
+    lm_head = embedding if config.tied_embeddings else tensor(names["lm_head"])
+    return ModelWeights(embedding=embedding, layers=layers, final_norm=tensor(names["final_norm"]), lm_head=lm_head)
+
+
+def _as_weight(t: np.ndarray | QMatrix, name: str) -> Weight:
+    """Packed blocks stay packed; F16/BF16/F32 arrays become float32 (our kernels are fp32)."""
+    if isinstance(t, QMatrix):
+        return t
+    if not np.issubdtype(t.dtype, np.floating):
+        raise TypeError(f"tensor {name!r} has dtype {t.dtype}, expected floating point weights")
+    return np.ascontiguousarray(t, dtype=np.float32)
+
+
+# -----------------------------------------------------------------------------
+# the GGUF Q/K row order
+
+def unpermute_qk_rows(w: np.ndarray | QMatrix, n_heads: int) -> np.ndarray | QMatrix:
+    """Rows of a GGUF llama attn_q/attn_k weight (out, in) back in Hugging Face order.
+
+    Within each head of dim d, the file's row 2i + t (t in {0, 1}) holds the original row
+    i + t * d/2: the converter interleaved the two halves so RoPE can rotate adjacent pairs. Undoing
+    it is a gather of whole rows, so a QMatrix is unpermuted by moving its packed rows - no
+    dequantization. For K, pass the number of KV heads.
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of an even dimension")
+    half = rows // n_heads // 2
+    # HF row (h, t, i) is file row (h, i, t): read the file's rows in that order.
+    order = np.arange(rows).reshape(n_heads, half, 2).transpose(0, 2, 1).reshape(rows)  # (rows,)
+    if isinstance(w, QMatrix):
+        return QMatrix(w.qtype, w.shape, np.ascontiguousarray(w.data[order]))  # (rows, packed bytes)
+    return np.ascontiguousarray(np.asarray(w)[order])  # (rows, in)

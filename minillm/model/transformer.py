@@ -1,0 +1,77 @@
+"""The decoder-only transformer: embedding -> decoder layers -> final norm -> LM head.
+
+One forward serves every chapter. It takes a flat batch - the new tokens of several sequences
+packed back to back, each with its position - plus the ``AttentionMetadata`` that says where each
+sequence starts and how much of it is already cached, and a KV cache object (contiguous in
+chapters 05/06, paged in chapter 07). Logits are computed only for the rows the metadata asks for
+(by default the last new token of each sequence): the LM head is the largest matrix of a small
+model, so a 500-token prompt should not pay for it 500 times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache, KVCache
+from minillm.model.layers import LayerWeights, Weight, decoder_layer, embed, linear
+
+
+@dataclass
+class ModelWeights:
+    """Every weight of the model; GGUF weights stay packed (QMatrix), safetensors are fp32."""
+    embedding: Weight          # (V, D)
+    layers: list[LayerWeights]
+    final_norm: np.ndarray     # (D,)
+    lm_head: Weight            # (V, D): the embedding itself when the embeddings are tied
+
+
+def forward(token_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata, cache: KVCache,
+            weights: ModelWeights, config: ModelConfig, ops,
+            rope: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Logits of the rows ``meta.logits_indices`` of a flat batch -> (L, V), float32."""
+    token_ids = np.asarray(token_ids, dtype=np.int64)  # (N,)
+    positions = np.asarray(positions, dtype=np.int64)  # (N,)
+    _check_batch(token_ids, positions, meta, config, len(rope[0]))
+    x = embed(token_ids, weights.embedding, ops)       # (N, D)
+    for layer, layer_weights in enumerate(weights.layers):
+        x = decoder_layer(x, positions, layer_weights, layer, cache, meta, config, ops, rope)  # (N, D)
+    x = x[meta.logits_indices]                          # (L, D) norm and LM head only where asked
+    x = ops.rms_norm(x, weights.final_norm, config.rms_eps)  # (L, D)
+    return linear(x, weights.lm_head, ops)              # (L, V)
+
+
+def _check_batch(token_ids, positions, meta, config, n_rope_positions):
+    """Bad batches fail here with a message, not deep inside a kernel (Numba does not bounds-check)."""
+    if token_ids.ndim != 1 or token_ids.shape != positions.shape:
+        raise ValueError(f"token_ids {token_ids.shape} and positions {positions.shape} must both be (N,)")
+    if len(token_ids) != meta.num_tokens:
+        raise ValueError(f"the batch has {len(token_ids)} tokens but the metadata describes {meta.num_tokens}")
+    if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
+        raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got {token_ids.min()}..{token_ids.max()}")
+    if len(positions) and (positions.min() < 0 or positions.max() >= n_rope_positions):
+        raise ValueError(f"positions must lie in [0, {n_rope_positions}) (the model's context length), "
+                         f"got {positions.min()}..{positions.max()}")
+
+
+class Model:
+    """A loaded model: its config, its weights, the kernel backend it runs on, and ``forward``."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, ops):
+        self.config, self.weights, self.ops = config, weights, ops
+        self.rope = ops.rope_table(config.head_dim, config.context_length, config.rope_theta)  # (cos, sin)
+
+    def forward(self, token_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata,
+                cache: KVCache) -> np.ndarray:
+        """Logits (len(meta.logits_indices), V) of a flat batch; see ``forward``."""
+        return forward(token_ids, positions, meta, cache, self.weights, self.config, self.ops, self.rope)
+
+    def new_cache(self, n_slots: int, max_len: int) -> ContiguousKVCache:
+        """A contiguous KV cache for ``n_slots`` sequences of up to ``max_len`` tokens each."""
+        return ContiguousKVCache(self.config, n_slots, max_len)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({c.architecture}, {c.n_layers} layers, hidden {c.hidden_size}, "
+                f"{c.n_heads}/{c.n_kv_heads} heads, vocab {c.vocab_size})")

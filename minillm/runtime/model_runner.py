@@ -1,0 +1,41 @@
+"""Packs a scheduled step into one flat batch and runs the one model forward on it."""
+from __future__ import annotations
+
+import numpy as np
+
+from minillm.model.transformer import Model
+from minillm.runtime.block_manager import BlockManager
+from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache
+from minillm.runtime.scheduler import ScheduledSeq
+
+
+class ModelRunner:
+    """Owns the paged KV cache; turns ``ScheduledSeq``s into token ids, positions and metadata."""
+
+    def __init__(self, model: Model, block_manager: BlockManager):
+        self.model = model
+        self.block_manager = block_manager
+        self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size)
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[np.ndarray, np.ndarray, PagedAttentionMetadata]:
+        """The flat batch: each sequence's next ``num_new`` tokens, back to back.
+
+        Logits are asked only for sequences whose last token runs now (a decode token, or the
+        final chunk of a prompt); a sequence in the middle of a chunked prefill samples nothing.
+        """
+        starts = np.array([s.seq.num_computed for s in scheduled])        # (B,) context before this step
+        lens = np.array([s.num_new for s in scheduled])                    # (B,)
+        token_ids = np.concatenate([s.seq.token_ids[a:a + n] for s, a, n in zip(scheduled, starts, lens)])  # (N,)
+        sampling = np.array([s.completes_prefill for s in scheduled])      # (B,)
+        last_rows = np.cumsum(lens) - 1                                    # (B,) each sequence's last flat row
+        meta = PagedAttentionMetadata.build(
+            lens, starts, [self.block_manager.block_table(s.seq.seq_id) for s in scheduled],
+            self.block_manager.block_size, logits_indices=last_rows[sampling])
+        return token_ids, meta.positions(), meta
+
+    def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]]) -> np.ndarray:
+        """Copy-on-write first, then one forward -> logits (sequences that sample, V)."""
+        for src, dst in copies:
+            self.cache.copy_block(src, dst)
+        token_ids, positions, meta = self.prepare(scheduled)
+        return self.model.forward(token_ids, positions, meta, self.cache)

@@ -1,0 +1,115 @@
+"""The paged KV cache: the K/V arrays that the block manager's block tables point into.
+
+It implements the same two-method interface as the contiguous cache (``write`` then ``attend``,
+once per layer; see minillm/model/kv_cache.py), so the one model forward runs on it unchanged.
+Only the batch description grows: ``PagedAttentionMetadata`` adds each sequence's block table
+(where its keys are) and each new token's slot (where its K/V go).
+
+    storage per layer    K, V each (num_blocks, block_size, Hkv, Dh)
+    write                scatter the batch's new K/V through slot_mapping (N,)
+    attend               paged attention over block_tables (B, max_blocks)
+
+The cache never decides which block belongs to whom - that is the BlockManager's bookkeeping.
+It only moves data: ``copy_block`` performs the copy-on-write the manager asks for.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minillm.kernels.paged_attention import write_kv
+from minillm.model.config import ModelConfig
+from minillm.model.kv_cache import AttentionMetadata
+from minillm.runtime.block_manager import slot_mapping
+
+FLOAT32_BYTES = 4
+
+
+def bytes_per_token(config: ModelConfig) -> int:
+    """KV bytes one token occupies: K and V, in every layer, for every KV head, in float32."""
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * FLOAT32_BYTES
+
+
+# -----------------------------------------------------------------------------
+# the batch description
+
+@dataclass
+class PagedAttentionMetadata(AttentionMetadata):
+    """AttentionMetadata plus where the keys live: ``block_tables`` (B, max_blocks) int32, padded
+    past each sequence's blocks (padding is never read), and ``slot_mapping`` (N,) the slot of
+    each new token. ``seq_slots`` is just the batch row here: storage is found through the tables.
+    Build one with ``PagedAttentionMetadata.build``.
+    """
+    block_tables: np.ndarray = field(kw_only=True)
+    slot_mapping: np.ndarray = field(kw_only=True)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.block_tables = np.asarray(self.block_tables, dtype=np.int32)  # (B, max_blocks)
+        self.slot_mapping = np.asarray(self.slot_mapping, dtype=np.int64)  # (N,)
+        if self.block_tables.ndim != 2 or len(self.block_tables) != self.num_seqs:
+            raise ValueError(f"block_tables must be ({self.num_seqs}, max_blocks), got {self.block_tables.shape}")
+        if self.slot_mapping.shape != (self.num_tokens,):
+            raise ValueError(f"slot_mapping must hold one slot per new token ({self.num_tokens},), "
+                             f"got {self.slot_mapping.shape}")
+
+    @classmethod
+    def build(cls, query_lens: Sequence[int], context_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
+              block_size: int, *, logits_indices: np.ndarray | None = None) -> PagedAttentionMetadata:
+        """From each sequence's own block table (as BlockManager.block_table gives it).
+
+        Sequence b's new tokens sit at positions context_lens[b] .. context_lens[b] +
+        query_lens[b] - 1; their slots come from its block table.
+        """
+        if not 0 < len(query_lens) == len(context_lens) == len(block_tables):
+            raise ValueError(f"{len(query_lens)} query_lens, {len(context_lens)} context_lens and "
+                             f"{len(block_tables)} block tables: one each per sequence, at least one sequence")
+        n_seqs = len(block_tables)
+        tables = np.zeros((n_seqs, max(map(len, block_tables))), dtype=np.int32)  # (B, max_blocks)
+        for b, table in enumerate(block_tables):
+            tables[b, :len(table)] = table
+        slots = [slot_mapping(table, np.arange(start, start + n), block_size)  # (query_lens[b],)
+                 for table, start, n in zip(block_tables, context_lens, query_lens)]
+        return cls(query_lens, context_lens, np.arange(n_seqs), logits_indices=logits_indices,
+                   block_tables=tables, slot_mapping=np.concatenate(slots))
+
+
+# -----------------------------------------------------------------------------
+# the cache
+
+class PagedKVCache:
+    """Per layer K and V arrays of shape (num_blocks, block_size, Hkv, Dh), shared by all sequences."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
+        self.v = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray, meta: PagedAttentionMetadata) -> None:
+        """Store this batch's keys and values, k and v (N, Hkv, Dh), of ``layer`` at their slots."""
+        _check_paged(meta)
+        write_kv(self.k[layer], self.v[layer], k, v, meta.slot_mapping)
+
+    def attend(self, layer: int, q: np.ndarray, meta: PagedAttentionMetadata, ops) -> np.ndarray:
+        """Causal attention of q (N, H, Dh) over each sequence's blocks -> (N, H, Dh)."""
+        _check_paged(meta)
+        k, v = self.k[layer], self.v[layer]  # (num_blocks, block_size, Hkv, Dh) each
+        if (meta.query_lens == 1).all():     # a pure decode batch: one query per sequence, sees everything
+            return ops.paged_attention_decode(q, k, v, meta.block_tables, meta.context_lens + 1)  # (B, H, Dh)
+        return ops.paged_attention_prefill(q, k, v, meta.block_tables, meta.query_starts, meta.context_lens)  # (N, H, Dh)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy-on-write: block dst gets block src's K/V, in every layer."""
+        self.k[:, dst] = self.k[:, src]  # (n_layers, block_size, Hkv, Dh)
+        self.v[:, dst] = self.v[:, src]  # (n_layers, block_size, Hkv, Dh)
+
+
+def _check_paged(meta: AttentionMetadata) -> None:
+    if not isinstance(meta, PagedAttentionMetadata):
+        raise TypeError(f"the paged cache needs PagedAttentionMetadata (block tables, slot mapping), "
+                        f"got {type(meta).__name__}")

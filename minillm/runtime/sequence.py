@@ -1,0 +1,79 @@
+"""A request's sequence and its state machine.
+
+    WAITING --admitted--> RUNNING --eos / stop / length--> FINISHED
+       ^                     |
+       +----preempted--------+      (its blocks are freed; it will recompute everything)
+
+A request with ``n`` completions is ``n`` sequences. The first is prefilled; the others fork its
+blocks once the prompt is in the cache (copy-on-write) instead of computing the prompt again.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from minillm.generation.output import OutputBuilder
+from minillm.generation.sampling import SamplingParams, SamplingState
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SequenceTimes:
+    """Wall-clock instants (time.perf_counter) of a sequence's life."""
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    tokens: list[float] = field(default_factory=list)
+    finished: float | None = None
+
+
+class Sequence:
+    """Prompt and output ids, sampling state, where it stands in the cache, and its timings."""
+
+    def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 builder: OutputBuilder, choice: int = 0, arrival: float | None = None):
+        self.seq_id, self.request_id, self.choice = seq_id, request_id, choice
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.builder = builder
+        self.sampling = SamplingState(params, prompt_ids, builder.output.token_ids, choice=choice)
+        self.status = Status.WAITING
+        self.num_computed = 0       # leading tokens whose K/V are in the cache
+        self.num_preemptions = 0
+        self.times = SequenceTimes(arrival=time.perf_counter() if arrival is None else arrival)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.builder.output.token_ids
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output: what the cache must hold, the newest sampled token last."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens still to run through the model: the prompt (or its rest), or the newest token."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_uncomputed > 1 or not self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id}, {self.status.value}, prompt {len(self.prompt_ids)}, "
+                f"output {len(self.output_ids)}, computed {self.num_computed})")

@@ -1,0 +1,232 @@
+"""Layer 1: the machine description, the microbenchmarks, the roofline arithmetic.
+
+Microbenchmarks are checked for sane output (positive, finite, the right shape) on tiny sweeps,
+never against timing thresholds: the speed of a shared machine is not a test result. The roofline
+and decode arithmetic is checked exactly, on hand-computed inputs and the chapter's H100 example.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from minillm.hardware import gpu, microbench, roofline
+from minillm.hardware.machine import describe_machine, package_versions
+from minillm.hardware.microbench import KIB, MIB
+
+# The H100 example of chapter 01: 70B parameters at 1 byte/weight, 3.35 TB/s HBM, 989 TFLOP/s BF16.
+N_70B, H100_BANDWIDTH, H100_PEAK = 70e9, 3.35e12, 989e12
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 1: the roofline
+
+@pytest.mark.ch01_roofline
+def test_attainable_flops_is_min_of_peak_and_intensity_times_bandwidth(impl):
+    rf = impl("ch01_hardware")
+    assert rf.attainable_flops(0.5, 1e12, 1e11) == pytest.approx(5e10)    # memory-bound
+    assert rf.attainable_flops(100.0, 1e12, 1e11) == pytest.approx(1e12)  # compute-bound
+    assert rf.attainable_flops(10.0, 1e12, 1e11) == pytest.approx(1e12)   # exactly at the ridge
+    assert rf.attainable_flops(0.0, 1e12, 1e11) == 0.0
+
+
+@pytest.mark.ch01_roofline
+def test_attainable_flops_draws_a_whole_roof_from_an_array(impl):
+    rf = impl("ch01_hardware")
+    intensity = np.array([0.25, 1.0, 4.0, 16.0, 64.0])
+    got = np.asarray(rf.attainable_flops(intensity, 2e12, 1e11))
+    np.testing.assert_allclose(got, [2.5e10, 1e11, 4e11, 1.6e12, 2e12])
+
+
+@pytest.mark.ch01_roofline
+def test_attainable_flops_refuses_bad_input(impl):
+    rf = impl("ch01_hardware")
+    with pytest.raises(ValueError):
+        rf.attainable_flops(-1.0, 1e12, 1e11)
+    with pytest.raises(ValueError):
+        rf.attainable_flops(1.0, 0.0, 1e11)
+    with pytest.raises(ValueError):
+        rf.attainable_flops(1.0, 1e12, -5.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 2: the decode ceiling
+
+@pytest.mark.ch01_decode_ceiling
+def test_decode_ceiling_is_batch_times_bandwidth_over_weight_bytes(impl):
+    rf = impl("ch01_hardware")
+    assert rf.decode_ceiling_tokens_per_s(1e9, 2.0, 1e11) == pytest.approx(50.0)
+    assert rf.decode_ceiling_tokens_per_s(1e9, 2.0, 1e11, batch=8) == pytest.approx(400.0)
+    assert rf.decode_ceiling_tokens_per_s(1e9, 0.5, 1e11, 1) == pytest.approx(200.0)
+
+
+@pytest.mark.ch01_decode_ceiling
+def test_decode_ceiling_of_70b_on_an_h100(impl):
+    rf = impl("ch01_hardware")
+    assert rf.decode_ceiling_tokens_per_s(N_70B, 1.0, H100_BANDWIDTH) == pytest.approx(47.857, rel=1e-4)
+
+
+@pytest.mark.ch01_decode_ceiling
+@pytest.mark.parametrize("bad", ["n_params", "bytes_per_weight", "bandwidth_bytes_per_s", "batch"])
+def test_decode_ceiling_refuses_non_positive_arguments(impl, bad):
+    rf = impl("ch01_hardware")
+    args = {"n_params": 1e9, "bytes_per_weight": 1.0, "bandwidth_bytes_per_s": 1e11, "batch": 1}
+    args[bad] = 0
+    with pytest.raises(ValueError, match=bad):
+        rf.decode_ceiling_tokens_per_s(**args)
+
+
+# ----------------------------------------------------------------------------------------------
+# The four numbers and the Roofline object (package only)
+
+def test_seventy_billion_on_an_h100_is_148x_memory_bound():
+    four = roofline.four_numbers(N_70B, 1.0, H100_PEAK, H100_BANDWIDTH)
+    assert four.weight_bytes == 70e9
+    assert four.memory_s_per_step * 1e3 == pytest.approx(20.9, abs=0.05)      # 70e9 / 3.35e12 s
+    assert four.compute_s_per_step * 1e3 == pytest.approx(0.1415, abs=1e-4)   # 2 * 70e9 / 989e12 s = 0.14156
+    assert four.memory_over_compute == pytest.approx(148, abs=0.5)
+    assert four.decode_ceiling_tokens_per_s == pytest.approx(1 / four.memory_s_per_step)
+    assert (roofline.H100_SXM.peak_flops, roofline.H100_SXM.bandwidth_bytes_per_s) == (H100_PEAK, H100_BANDWIDTH)
+
+
+def test_batching_shares_the_weight_reads():
+    one = roofline.four_numbers(1e9, 2.0, 1e13, 1e12, batch=1)
+    many = roofline.four_numbers(1e9, 2.0, 1e13, 1e12, batch=16)
+    assert many.memory_s_per_step == one.memory_s_per_step            # weights read once either way
+    assert many.compute_s_per_step == pytest.approx(16 * one.compute_s_per_step)
+    assert many.decode_ceiling_tokens_per_s == pytest.approx(16 * one.decode_ceiling_tokens_per_s)
+    assert roofline.decode_intensity_flop_per_byte(2.0, batch=16) == 16.0  # 2 * 16 FLOP / 2 bytes
+
+
+def test_roofline_object_ridge_points_and_levels():
+    rf = roofline.Roofline(peak_flops=1e12, bandwidths={"L1": 1e12, "DRAM": 1e11})
+    assert rf.slowest_level == "DRAM"
+    assert rf.ridge_point() == 10.0 and rf.ridge_point("L1") == 1.0
+    assert rf.attainable(2.0) == pytest.approx(2e11)
+    assert rf.attainable(2.0, "L1") == pytest.approx(1e12)
+    with pytest.raises(ValueError, match="L3"):
+        rf.attainable(2.0, "L3")
+    measured = roofline.Roofline.measured(1000.0, {"DRAM": 20.0})
+    assert measured.peak_flops == 1e12 and measured.bandwidths == {"DRAM": 2e10}
+
+
+def test_roofline_plot_draws_one_roof_per_level_and_the_points():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rf = roofline.Roofline(peak_flops=1e12, bandwidths={"L1": 1e12, "L2": 5e11, "DRAM": 1e11})
+    ax = rf.plot(points=[roofline.RooflinePoint("decode", 4.0, 3e11)])
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert sum(label.startswith(("L1", "L2", "DRAM")) for label in labels) == 3
+    assert any(text.get_text() == "decode" for text in ax.texts)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+
+
+# ----------------------------------------------------------------------------------------------
+# The machine
+
+def test_describe_machine_is_sane():
+    m = describe_machine()
+    assert m.cpu_model and m.architecture and m.os
+    assert 1 <= m.cores <= m.logical_cpus and 1 <= m.usable_cpus <= m.logical_cpus
+    assert m.memory_bytes is None or m.memory_bytes > 256 * MIB
+    assert m.simd_width_bits in (128, 256, 512)
+    for cache in m.caches:
+        assert cache.level in (1, 2, 3, 4) and cache.size_bytes > 0 and cache.shared_by_cpus >= 1
+    levels = [c.level for c in m.data_caches()]
+    assert levels == sorted(levels)
+    json.dumps(package_versions())   # a JSON-ready stamp for benchmark results
+
+
+def test_package_versions_come_from_metadata():
+    versions = package_versions()
+    assert versions["numpy"] == np.__version__
+    assert {"python", "numba", "llvmlite"} <= versions.keys()
+
+
+@pytest.mark.parametrize("no_gpu", ["no device", "simulator"])
+def test_without_a_gpu_everything_returns_none_and_says_why(monkeypatch, no_gpu):
+    # Whatever this machine has, pretend it has no GPU (or runs the CUDA simulator).
+    if no_gpu == "no device":
+        monkeypatch.setattr(gpu.cuda, "is_available", lambda: False)
+    else:
+        monkeypatch.setattr(gpu.config, "ENABLE_CUDASIM", True)
+    assert not gpu.gpu_available()
+    assert ("simulator" if no_gpu == "simulator" else "no CUDA GPU") in gpu.gpu_status()
+    assert gpu.describe_gpu() is None
+    assert gpu.launch_overhead() is None
+    assert gpu.device_bandwidth() is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Microbenchmarks: tiny sweeps, checked for sense, not speed
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 1000])
+def test_single_cycle_permutation_is_one_cycle_through_every_element(n):
+    perm = microbench.single_cycle_permutation(n, np.random.default_rng(n))
+    assert sorted(perm.tolist()) == list(range(n))   # a permutation
+    seen, i = set(), 0
+    for _ in range(n):                               # follow it: back at 0 after exactly n hops
+        seen.add(i)
+        i = perm[i]
+    assert i == 0 and len(seen) == n
+
+
+def test_single_cycle_permutation_is_random():
+    draws = {tuple(microbench.single_cycle_permutation(5, np.random.default_rng(s))) for s in range(50)}
+    assert len(draws) > 10   # (5-1)! = 24 single cycles exist
+
+
+def _finite_positive(x):
+    return math.isfinite(x) and x > 0
+
+
+@pytest.mark.parametrize("kernel", microbench.BANDWIDTH_KERNELS)
+def test_bandwidth_sweep_returns_positive_figures(kernel):
+    sizes = [16 * KIB, 256 * KIB]
+    points = microbench.bandwidth_sweep(kernel, sizes, repeats=1, min_bytes=1 * MIB)
+    assert [p.kernel for p in points] == [kernel, kernel]
+    assert all(_finite_positive(p.bandwidth_gbs) for p in points)
+    assert all(0 < p.working_set_bytes <= size for p, size in zip(points, sizes))
+
+
+def test_latency_sweep_returns_positive_figures():
+    points = microbench.latency_sweep([16 * KIB, 64 * KIB], hops=1 << 12, repeats=1)
+    assert [p.working_set_bytes for p in points] == [16 * KIB, 64 * KIB]
+    assert all(_finite_positive(p.latency_ns) for p in points)
+
+
+def test_peak_flops_and_call_overheads_are_positive():
+    for peak in (microbench.gemm_flops(64, repeats=1), microbench.fma_flops(1 << 10, repeats=1)):
+        assert _finite_positive(peak.gflops)
+    overheads = microbench.call_overheads(calls=1000, repeats=1)
+    assert len(overheads) >= 3
+    assert all(math.isfinite(o.latency_ns) and o.latency_ns >= 0 for o in overheads)
+
+
+def test_per_level_puts_each_working_set_in_the_level_it_fits():
+    caps = {"L1": 32 * KIB, "L2": 1 * MIB, "L3": 32 * MIB}
+    points = [microbench.LatencyPoint(size, ns, 1) for size, ns in [
+        (16 * KIB, 1.0),          # L1: fits in half of L1
+        (32 * KIB, 9.0),          # transition: neither
+        (128 * KIB, 4.0), (512 * KIB, 6.0),  # L2: over 2 x L1, at most half of L2
+        (8 * MIB, 20.0),          # L3
+        (64 * MIB, 99.0),         # transition: under 4 x L3
+        (256 * MIB, 100.0),       # DRAM
+    ]]
+    got = microbench.per_level(points, caps, "latency_ns", reduce=max)
+    assert got == {"L1": 1.0, "L2": 6.0, "L3": 20.0, "DRAM": 100.0}
+
+
+def test_level_capacities_scale_private_caches_with_threads():
+    m = describe_machine()
+    one, two = microbench.level_capacities(m, 1), microbench.level_capacities(m, 2)
+    for cache in m.data_caches():   # two threads use two private caches, but one cache shared by both
+        instances = 2 if cache.shared_by_cpus == 1 else 1
+        assert two[f"L{cache.level}"] == instances * one[f"L{cache.level}"]
+
+
+def test_sweep_sizes():
+    assert microbench.sweep_sizes(16 * KIB, 1 * MIB, 4) == [16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB]
+    with pytest.raises(ValueError):
+        microbench.sweep_sizes(0, 1 * MIB)

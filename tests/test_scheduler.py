@@ -1,0 +1,130 @@
+"""Scheduler invariants under random arrival workloads, with a simulated model (no forward).
+
+The simulated model "samples" a token that is a pure function of the sequence so far, as greedy
+decoding is, so a preempted-and-recomputed sequence must end with exactly the tokens it would
+have produced without preemption.
+"""
+import hashlib
+
+from hypothesis import given, settings, strategies as st
+
+from minillm.generation.output import OutputBuilder
+from minillm.generation.sampling import SamplingParams
+from minillm.runtime.block_manager import BlockManager
+from minillm.runtime.scheduler import Scheduler
+from minillm.runtime.sequence import Sequence, Status
+
+VOCAB = 1000
+
+
+class FakeTokenizer:
+    eos_id = None
+    special_ids = frozenset()
+
+    def token_bytes(self, token_id):
+        return b"x"
+
+
+def next_token(token_ids):
+    return int.from_bytes(hashlib.sha256(str(token_ids).encode()).digest()[:4], "little") % VOCAB
+
+
+def make_seq(i, prompt_len, max_tokens):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    prompt = [(i * 31 + j) % VOCAB for j in range(prompt_len)]
+    return Sequence(i, str(i), prompt, params, OutputBuilder(FakeTokenizer(), params, prompt_len, 10_000))
+
+
+def run(workload, num_blocks, block_size, max_num_seqs, budget):
+    """Drive the scheduler step by step; arrivals join at their step. Returns sequences and a log."""
+    bm = BlockManager(num_blocks, block_size)
+    sched = Scheduler(bm, max_num_seqs, budget)
+    seqs = [make_seq(i, p, m) for i, (p, m, _) in enumerate(workload)]
+    arrivals = sorted(range(len(seqs)), key=lambda i: (workload[i][2], i))
+    finished_count, step = {}, 0
+    while step < 10_000:
+        for i in arrivals:
+            if workload[i][2] == step:
+                sched.add(seqs[i])
+        if not sched.has_unfinished() and all(workload[i][2] <= step for i in arrivals):
+            break
+        waiting_before = list(sched.waiting)
+        plan = sched.schedule()
+        assert plan.num_tokens <= budget, "token budget exceeded"
+        assert len(sched.running) <= max_num_seqs, "sequence cap exceeded"
+        # FCFS: sequences leave the waiting queue from its head, in order (preempted ones rejoin at the head)
+        admitted = [s.seq for s in plan.scheduled if s.seq in waiting_before]
+        assert admitted == waiting_before[: len(admitted)]
+        sched.computed(plan.scheduled)
+        for s in plan.scheduled:
+            if s.completes_prefill:
+                s.seq.builder.append(next_token(s.seq.token_ids))
+                if s.seq.builder.finished:
+                    sched.finish(s.seq)
+                    finished_count[s.seq.seq_id] = finished_count.get(s.seq.seq_id, 0) + 1
+        step += 1
+    return seqs, bm, sched, finished_count
+
+
+def unpreempted_output(seq):
+    ids = list(seq.prompt_ids)
+    for _ in range(seq.params.max_tokens):
+        ids.append(next_token(ids))
+    return ids[len(seq.prompt_ids):]
+
+
+workloads = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workload=workloads, block_size=st.sampled_from([1, 4, 16]), max_num_seqs=st.integers(1, 6),
+       budget=st.integers(1, 64), spare_blocks=st.integers(0, 8))
+def test_scheduler_invariants(workload, block_size, max_num_seqs, budget, spare_blocks):
+    longest = max(p + m for p, m, _ in workload)
+    num_blocks = -(-longest // block_size) + spare_blocks  # the longest sequence always fits alone
+    seqs, bm, sched, finished_count = run(workload, num_blocks, block_size, max_num_seqs, budget)
+    assert all(s.status is Status.FINISHED for s in seqs)
+    assert finished_count == {s.seq_id: 1 for s in seqs}, "every request finishes exactly once"
+    assert bm.num_free_blocks == bm.num_blocks and not bm.seqs, "blocks leaked"
+    for s in seqs:
+        assert s.output_ids == unpreempted_output(s), f"{s} differs from its unpreempted output"
+
+
+def test_preemption_happens_and_frees_the_newest_sequence():
+    # two sequences that cannot both grow: 3 blocks of 4 tokens
+    seqs, bm, sched, _ = run([(4, 6, 0), (4, 6, 0)], num_blocks=3, block_size=4, max_num_seqs=2, budget=64)
+    assert sched.num_preemptions >= 1
+    assert seqs[1].num_preemptions >= 1 and seqs[0].num_preemptions == 0
+    assert all(s.output_ids == unpreempted_output(s) for s in seqs)
+
+
+def test_chunked_prefill_splits_a_long_prompt_under_the_budget():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8)
+    seq = make_seq(0, 30, 2)
+    sched.add(seq)
+    chunks = []
+    while seq.num_computed < 30:
+        plan = sched.schedule()
+        chunks.append(plan.scheduled[0].num_new)
+        sched.computed(plan.scheduled)
+    assert chunks == [8, 8, 8, 6]
+
+
+def test_abort_in_every_state_frees_blocks():
+    bm = BlockManager(8, 4)
+    sched = Scheduler(bm, max_num_seqs=1, max_num_batched_tokens=4)
+    running, mid_prefill, waiting = make_seq(0, 3, 5), make_seq(1, 10, 5), make_seq(2, 3, 5)
+    sched.add(running)
+    plan = sched.schedule()
+    sched.computed(plan.scheduled)
+    running.builder.append(7)
+    sched.finish(running)  # abort while running (decoding)
+    sched.add(mid_prefill)
+    sched.add(waiting)
+    plan = sched.schedule()
+    sched.computed(plan.scheduled)
+    assert mid_prefill.num_computed == 4 < 10
+    sched.finish(mid_prefill)  # abort mid-prefill
+    sched.finish(waiting)      # abort while waiting (never admitted)
+    assert bm.num_free_blocks == bm.num_blocks and not sched.has_unfinished()
