@@ -13,8 +13,12 @@ chooses the kernel for the shape:
     T == 1        matvec: 1.0x OpenBLAS gemv (memory-bound, both read each weight once)
     1 < T < 128   register-tiled matmul (v4 on the (out, in) weights, already "packed"):
                   2-6x faster than OpenBLAS, whose small-M sgemm pays for packing and threading
-    T >= 128      OpenBLAS sgemm: about equal at T = 128, ahead beyond (it packs for L1/L2 too
-                  and its micro-kernel is hand-written assembly)
+    T >= 128      OpenBLAS sgemm is about equal at T = 128 and ahead beyond on one core - and
+                  still linear uses the register tiles. The reason is threads, not FLOPs: a
+                  forward alternates BLAS calls with Numba's parallel kernels, and two thread
+                  pools on a few cores wait for each other's spinning workers. On this 2-core
+                  machine a 33-token SmolLM2 prefill took 23 s with OpenBLAS threaded inside the
+                  forward and 0.9 s with OpenBLAS held to one thread. The engine keeps one pool.
 - matmul (b stored (K, N), not yet transposed): OpenBLAS at every shape. Our best rung must
   first pack b transposed (K*N copies, 0.6 ms at 576 x 1536), and with that copy it did not beat
   BLAS on any shape measured.
@@ -47,9 +51,6 @@ from minillm.kernels.cpu_rows import (
 )
 from minillm.kernels.reference import embedding, rope_table  # noqa: F401  (NumPy is already at memory speed)
 
-BLAS_MIN_ROWS = 128  # linear: OpenBLAS from this many rows of x on (see the table above)
-
-
 def _parallel(rows: int, size: int) -> bool:
     """Threads pay off for inputs of many rows and many floats (the row kernels give each core whole rows)."""
     return rows > 1 and size >= PARALLEL_MIN_ELEMENTS
@@ -66,15 +67,13 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x (T, in) @ w (out, in).T -> (T, out): matvec, our register tiles or BLAS, by T."""
+    """x (T, in) @ w (out, in).T -> (T, out): matvec for one row, our register tiles for more."""
     shapes.check_linear(x, w)
     shapes.check_float32(x=x, w=w)
     T = x.shape[0]
     if T == 1:
         return matvec(x[0], w)[None, :]  # (1, out) decode: every weight read once
-    if T < BLAS_MIN_ROWS:
-        return matmul_nt_parallel(x, w)  # (T, out) weights (out, in) are already the packed layout
-    return x @ w.T                       # (T, out)
+    return matmul_nt_parallel(x, w)  # (T, out) weights (out, in) are already the packed layout
 
 
 # -----------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
+from minillm.kernels.cpu_matmul import matmul_nt_parallel
+
 # -----------------------------------------------------------------------------------------------
 # The formats
 
@@ -417,8 +419,7 @@ DEQUANT_TILE_ROWS = 128  # rows of W dequantized at a time for the BLAS path (an
 
 @njit(cache=True)
 def _dequantize_tile(code, data, first_row, out):
-    """Serial on purpose: the BLAS call that follows brings its own threads, and two thread pools
-    taking turns on a few cores lose milliseconds waiting for each other's spinning threads."""
+    """Serial: a 128-row tile decodes in microseconds, less than waking the threads would cost."""
     for i in range(out.shape[0]):
         _decode_row(code, data[first_row + i], out[i])
 
@@ -430,7 +431,8 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     - 1 < T <= 32 (a few decode streams, short prefill chunks): `qmatmul`, each weight decoded once
       and used for all T rows - still dominated by weight traffic.
     - T > 32 (prefill): compute-bound; dequantize W a tile of rows at a time into one scratch buffer
-      and let BLAS do the multiply-adds (sgemm is far faster per FLOP than our loops).
+      and multiply with the register-tiled matmul of cpu_matmul.py. Not BLAS: its thread pool and
+      Numba's would fight over the cores inside a forward (see minillm/kernels/cpu.py).
     """
     x = _check_input(x, qm, 2)  # (T, cols)
     T, (rows, cols) = x.shape[0], qm.shape
@@ -445,5 +447,5 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     for first in range(0, rows, DEQUANT_TILE_ROWS):
         tile = scratch[: min(DEQUANT_TILE_ROWS, rows - first)]  # (n, cols)
         _dequantize_tile(_CODES[qm.qtype], qm.data, first, tile)
-        np.matmul(x, tile.T, out=out[:, first:first + tile.shape[0]])  # (T, n)
+        out[:, first:first + tile.shape[0]] = matmul_nt_parallel(x, tile)  # (T, n)
     return out

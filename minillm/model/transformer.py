@@ -48,9 +48,9 @@ def _check_batch(token_ids, positions, meta, config, n_rope_positions):
         raise ValueError(f"token_ids {token_ids.shape} and positions {positions.shape} must both be (N,)")
     if len(token_ids) != meta.num_tokens:
         raise ValueError(f"the batch has {len(token_ids)} tokens but the metadata describes {meta.num_tokens}")
-    if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
+    if token_ids.min() < 0 or token_ids.max() >= config.vocab_size:  # N >= 1: the metadata demands it
         raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got {token_ids.min()}..{token_ids.max()}")
-    if len(positions) and (positions.min() < 0 or positions.max() >= n_rope_positions):
+    if positions.min() < 0 or positions.max() >= n_rope_positions:
         raise ValueError(f"positions must lie in [0, {n_rope_positions}) (the model's context length), "
                          f"got {positions.min()}..{positions.max()}")
 

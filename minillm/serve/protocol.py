@@ -1,0 +1,163 @@
+"""The OpenAI request bodies as pydantic models, and their translation to ``SamplingParams``.
+
+Parsing is strict, as OpenAI's own API is: ``"max_tokens": "16"`` or ``"n": true`` is a wrong
+type, not something to coerce, and a field we do not know is refused rather than ignored (a
+client that sends ``logit_bias`` must learn it had no effect). The one standard field accepted and
+ignored is ``user`` (an end-user id OpenAI keeps for abuse monitoring; it changes no output).
+
+Beyond OpenAI's fields, vLLM's extra sampling fields are accepted (the ``openai`` client sends them
+with ``extra_body``): ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
+``stop_token_ids``. Their ranges are checked by ``SamplingParams`` itself; a ``ValueError`` there
+becomes a 400 naming the parameter.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from minillm.generation.sampling import SamplingParams
+from minillm.serve.errors import APIError, bad_request
+
+MAX_LOGPROBS = 20  # most alternatives returned per token (vLLM's default cap)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def as_dict(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": content}
+
+
+class SamplingFields(Strict):
+    """What both endpoints share. ``None`` stands for "the default", as in OpenAI's API."""
+    model: str
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extra sampling parameters
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        rename: dict[str, str] | None = None) -> SamplingParams:
+        """SamplingParams with OpenAI's defaults; a bad value -> 400 naming the request field."""
+        given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        given = {"max_tokens": max_tokens, "logprobs": logprobs, **given}
+        try:
+            return SamplingParams(**given)
+        except ValueError as e:
+            name = str(e).split(" ", 1)[0]  # SamplingParams' messages start with the field name
+            raise bad_request(str(e), (rename or {}).get(name, name)) from None
+
+
+SAMPLING_FIELDS = [f.name for f in fields(SamplingParams)
+                   if f.name in SamplingFields.model_fields and f.name not in ("max_tokens", "logprobs")]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions. ``prompt`` is text or token ids (one prompt per request)."""
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise bad_request(f"prompt holds {len(prompt)} prompts; send one prompt per request", "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise bad_request("prompt is empty: give at least one token", "prompt")
+        return prompt
+
+    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        check_logprobs(self.logprobs, "logprobs")
+        return self.sampling_params(max_tokens, self.logprobs)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions. ``max_completion_tokens`` is the newer name of ``max_tokens``."""
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """The completion budget the client asked for (None: up to the context) and its field name."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        check_logprobs(self.top_logprobs, "top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        _, max_name = self.requested_max_tokens()
+        return self.sampling_params(max_tokens, logprobs, rename={"logprobs": "top_logprobs",
+                                                                   "max_tokens": max_name})
+
+
+def check_logprobs(value: int | None, param: str) -> None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(f"{param} must be in [0, {MAX_LOGPROBS}], got {value}", param)
+
+
+def parse_request(body: bytes, model: type[Strict]) -> Strict:
+    """Validate a raw JSON body; any problem -> a 400 naming the first offending field."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> APIError:
+    first = e.errors(include_url=False)[0]
+    loc = [str(part) for part in first["loc"]]
+    if first["type"] == "json_invalid":
+        return bad_request(f"the body is not valid JSON: {first['msg']}")
+    if not loc:
+        return bad_request(f"the body must be a JSON object: {first['msg']}")
+    if first["type"] == "extra_forbidden":
+        return bad_request(f"Unrecognized request argument supplied: {'.'.join(loc)}", loc[0])
+    if first["type"] == "missing":
+        return bad_request(f"Missing required parameter: '{'.'.join(loc)}'", loc[0])
+    return bad_request(f"Invalid value for '{'.'.join(loc)}': {first['msg']}", loc[0])

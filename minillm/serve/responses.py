@@ -1,0 +1,155 @@
+"""OpenAI's response bodies, built from the engine's tokens as they arrive.
+
+One ``ResponseBuilder`` follows one request. Each new token goes through ``add``, which returns the
+stream chunk to send now (or ``None`` while the token brought no text yet - the detokenizer or the
+stop-string filter is holding it back) and also keeps the whole completion, so the same object
+answers a non-streamed request with ``response()`` at the end.
+
+    chat stream:   role chunk per choice -> content chunks -> one chunk per choice with its
+                   finish_reason -> (usage chunk with choices: [] if include_usage) -> [DONE]
+    completions:   text chunks -> finish_reason chunks -> (usage chunk) -> [DONE]
+"""
+from __future__ import annotations
+
+import time
+from itertools import accumulate
+from dataclasses import dataclass, field
+
+from minillm.generation.sampling import TokenLogprobs
+from minillm.generation.tokenizer import Tokenizer
+from minillm.runtime.engine import StepOutput
+
+
+@dataclass
+class TokenDelta:
+    """One new token of one of a request's n completions, as the engine thread hands it over."""
+    step: StepOutput
+    logprobs: TokenLogprobs | None  # when the request asked for logprobs
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    num_tokens: int = 0
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    unsent: list[TokenLogprobs] = field(default_factory=list)  # logprobs of tokens not streamed yet
+    text_offset: int = 0  # completions: character offset of the next streamed token's logprob
+    finish_reason: str | None = None
+
+
+class ResponseBuilder:
+    """Chunks and the final body of one request, for one endpoint (subclasses)."""
+    object_name = chunk_object_name = id_prefix = ""
+
+    def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, n: int, prompt_tokens: int,
+                 logprobs: bool, include_usage: bool):
+        self.id, self.model, self.tokenizer = request_id, model, tokenizer
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.want_logprobs, self.include_usage = logprobs, include_usage
+        self.choices = [Choice(i) for i in range(n)]
+
+    def add(self, delta: TokenDelta) -> dict | None:
+        """Record one token; return the chunk to stream, or None if it brought no text yet."""
+        step, c = delta.step, self.choices[delta.step.index]
+        c.text += step.text_delta
+        c.num_tokens += 1
+        c.finish_reason = step.finish_reason
+        if delta.logprobs is not None:
+            c.logprobs.append(delta.logprobs)
+            c.unsent.append(delta.logprobs)
+        if not step.text_delta and step.finish_reason is None:
+            return None
+        choice = self.chunk_choice(c, step.text_delta, c.unsent)
+        c.unsent = []
+        return self.chunk([choice])
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
+    @property
+    def usage(self) -> dict:
+        completion = sum(c.num_tokens for c in self.choices)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+    def chunk(self, choices: list[dict]) -> dict:
+        body = {"id": self.id, "object": self.chunk_object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+        if self.include_usage:
+            body["usage"] = None  # OpenAI's chunks say so explicitly until the usage chunk
+        return body
+
+    def start_chunks(self) -> list[dict]:
+        return []
+
+    def usage_chunk(self) -> dict:
+        return {**self.chunk([]), "usage": self.usage}
+
+    def response(self) -> dict:
+        """The whole non-streamed body."""
+        return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
+                "choices": [self.response_choice(c) for c in self.choices], "usage": self.usage}
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    # each endpoint's own layout
+    def chunk_choice(self, c: Choice, text: str, entries: list[TokenLogprobs]) -> dict: ...
+    def response_choice(self, c: Choice) -> dict: ...
+
+
+class ChatResponseBuilder(ResponseBuilder):
+    object_name, chunk_object_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def start_chunks(self) -> list[dict]:
+        """The first delta of every choice names the speaker."""
+        return [self.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}]) for c in self.choices]
+
+    def chunk_choice(self, c: Choice, text: str, entries: list[TokenLogprobs]) -> dict:
+        return {"index": c.index, "delta": {"content": text} if text else {}, "logprobs": self.logprobs(entries),
+                "finish_reason": c.finish_reason}
+
+    def response_choice(self, c: Choice) -> dict:
+        return {"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": self.logprobs(c.logprobs), "finish_reason": c.finish_reason}
+
+    def logprobs(self, entries: list[TokenLogprobs]) -> dict | None:
+        if not self.want_logprobs:
+            return None
+
+        def entry(token_id: int, logprob: float) -> dict:
+            return {"token": self.token_text(token_id), "logprob": logprob,
+                    "bytes": list(self.tokenizer.token_bytes(token_id))}
+
+        return {"content": [{**entry(e.token_id, e.logprob),
+                             "top_logprobs": [entry(t, lp) for t, lp in zip(e.top_ids, e.top_logprobs)]}
+                            for e in entries]}
+
+
+class CompletionResponseBuilder(ResponseBuilder):
+    object_name, chunk_object_name, id_prefix = "text_completion", "text_completion", "cmpl-"
+
+    def chunk_choice(self, c: Choice, text: str, entries: list[TokenLogprobs]) -> dict:
+        logprobs = self.logprobs(entries, c.text_offset)
+        c.text_offset += sum(len(self.token_text(e.token_id)) for e in entries)  # the next chunk goes on from here
+        return {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+
+    def response_choice(self, c: Choice) -> dict:
+        return {"index": c.index, "text": c.text, "logprobs": self.logprobs(c.logprobs, 0),
+                "finish_reason": c.finish_reason}
+
+    def logprobs(self, entries: list[TokenLogprobs], first_offset: int) -> dict | None:
+        """The legacy layout: parallel lists, alternatives as {token text: logprob} maps, and each
+        token's character offset in the completion text."""
+        if not self.want_logprobs:
+            return None
+        tokens = [self.token_text(e.token_id) for e in entries]
+        offsets = list(accumulate(map(len, tokens), initial=first_offset))[:-1]
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{self.token_text(t): lp for t, lp in zip(e.top_ids, e.top_logprobs)}
+                                 for e in entries],
+                "text_offset": offsets}
