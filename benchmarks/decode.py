@@ -21,6 +21,10 @@ Reported: medians over the repetitions, the ratios minillm / transformers and mi
 bandwidth / bytes of weights read per token (~96 MB). Results: benchmarks/results/decode.json.
 A peer that is not installed is skipped with a message (llama.cpp: ``make bench-peers``).
 
+Threads: every contender gets min(physical cores, NUMBA_NUM_THREADS). On a busy machine, where a
+thread that waits at a barrier may not get its core back for milliseconds, compare one core each:
+``NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/decode.py``.
+
 ``--profile`` runs decode steps on a model built from the same weights with a timing proxy around
 every kernel op (no kernel is edited), and splits the step into operator families: the quantized
 matvecs by weight kind, the LM head, attention, RMSNorm, RoPE, SwiGLU, the KV-cache write, sampling
@@ -117,15 +121,21 @@ class LlamaCpp:
     name = "llama.cpp"
 
     def __init__(self, path, threads):
-        from llama_cpp import Llama
+        import llama_cpp
 
-        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
-                         verbose=False)
+        self.llama_cpp = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
+                                   verbose=False)
 
     def _next(self, tokens):
-        """Evaluate tokens after what the context holds; the argmax of the last one's logits."""
+        """Evaluate tokens after what the context holds; the argmax of the last one's logits.
+
+        ``Llama.eval`` keeps no logits unless built with logits_all (which would compute the LM head
+        for every prompt token): read the last row straight from the llama.cpp context.
+        """
         self.llm.eval(tokens)
-        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        last = self.llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(last, shape=(self.llm.n_vocab(),))))
 
     def decode(self, prompt, n):
         self.llm.reset()  # forget the previous sequence; eval overwrites its KV entries

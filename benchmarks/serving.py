@@ -7,7 +7,9 @@ Each server runs in its own process on 127.0.0.1, alone on the machine (one afte
 with the same threads (physical cores):
 - minillm: ``minillm.serve.app.main`` - continuous batching over the paged KV cache;
 - llama.cpp: ``python -m llama_cpp.server --model <gguf> --n_threads <cores>`` - llama-cpp-python's
-  server, which runs one request at a time (a lock around its single context).
+  server, which runs one request at a time (a lock around its single context). By default a new
+  request *interrupts* the one streaming (``--interrupt_requests``); we turn that off, so requests
+  queue and every one completes.
 The same load generator (``minillm.serve.loadgen``, vLLM's protocol) drives both: random prompts of
 ``--input-len`` tokens, ``--output-len`` tokens out, temperature 0, streamed, with the requests
 capped at the given concurrency. minillm gets ``ignore_eos``; llama-cpp-python does not know that
@@ -57,7 +59,7 @@ def minillm_command(model: Path, port: int, max_num_seqs: int) -> list[str]:
 def llama_cpp_command(model: Path, port: int, threads: int, n_ctx: int) -> list[str]:
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-            "--n_ctx", str(n_ctx)]
+            "--n_ctx", str(n_ctx), "--interrupt_requests", "False", "--verbose", "False"]
 
 
 class ServerProcess:
@@ -98,9 +100,10 @@ def run_server(name: str, command: list[str], port: int, args, tokenizer, extra_
     server = ServerProcess(command, port, args.threads)
     try:
         server.wait_ready()
-        warmup = LoadConfig(base_url=server.url, num_prompts=2, input_len=args.input_len, output_len=4,
-                            seed=99, extra_body=extra_body, progress=False)
-        asyncio.run(benchmark(warmup, tokenizer))  # compile / page in before timing
+        for cap in (1, None):  # compile / page in before timing: one sequence per step, then a batch
+            warmup = LoadConfig(base_url=server.url, num_prompts=2, input_len=args.input_len, output_len=4,
+                                max_concurrency=cap, seed=99, extra_body=extra_body, progress=False)
+            asyncio.run(benchmark(warmup, tokenizer))
         results = {}
         for concurrency in args.concurrency:
             config = LoadConfig(base_url=server.url, num_prompts=args.num_prompts, input_len=args.input_len,

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+from pathlib import Path
 
 
 def _fetch(args) -> int:
@@ -78,6 +80,30 @@ def _chat(args) -> int:
         history.append({"role": "assistant", "content": generation.output.text})
 
 
+def _serve(args) -> int:
+    from minillm.serve.app import main as serve_main
+
+    return serve_main(host=args.host, port=args.port, model=args.model, max_num_seqs=args.max_num_seqs,
+                      kv_cache_bytes=args.kv_cache_bytes, max_waiting=args.max_waiting)
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _bench(args) -> int:
+    """`bench serve` is the package's load generator; decode and throughput are the repository's scripts."""
+    if args.which == "serve":
+        from minillm.serve.loadgen import main as loadgen_main
+
+        return loadgen_main(args.rest)
+    script = BENCHMARKS / f"{args.which}.py"
+    if not script.exists():
+        print(f"minillm bench {args.which}: {script} not found - run it from a clone of the minillm repository",
+              file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, str(script), *args.rest]).returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minillm", description="An LLM inference engine built from scratch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--seed", type=int, default=None)
         p.set_defaults(run=_generate if name == "generate" else _chat)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (SSE streaming, /metrics)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=None, help="a .gguf file or a Hugging Face model folder (default: SmolLM2)")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
+    p.add_argument("--kv-cache-bytes", type=int, default=256 << 20, help="memory for the paged KV cache")
+    p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
+    p.set_defaults(run=_serve)
+
+    p = sub.add_parser("bench", help="side-by-side benchmarks: decode, throughput, serve (JSON results)")
+    p.add_argument("which", choices=("decode", "throughput", "serve"))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark (--help lists them)")
+    p.set_defaults(run=_bench)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The autoregressive loop on the real model, against transformers' greedy decoding."""
+"""The autoregressive loop of chapter 06 (`Generation`) on the real model, against transformers."""
 import numpy as np
 import pytest
 import torch
@@ -7,10 +7,15 @@ from minillm.generation.generate import Generation, check_prompt_fits, prefill
 from minillm.generation.sampling import SamplingParams
 from minillm.llm import LLM
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+# Greedy, ending at eos as transformers' generate does; 32 tokens at most.
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 RAW_PROMPTS = ["Once upon a time", "def fibonacci(n):", "The three primary colors are"]
 CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
          [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime number."}]]
+
+# The Q4_1 weights are the same on both sides (transformers dequantizes the file to fp32); only
+# the order of fp32 sums differs. Measured: max |diff| ~3e-5 on logits of size ~20.
+LOGITS_ATOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -18,16 +23,17 @@ def llm(smollm2_path):
     return LLM(smollm2_path)
 
 
-# The Q4_1 weights are the same on both sides (transformers dequantizes the file to fp32); only
-# the order of fp32 sums differs. Measured: max |diff| ~3e-5 on logits of size ~20.
-LOGITS_ATOL = 1e-3
+def generate(llm, prompt_ids, params):
+    """One completion by the chapter 06 loop."""
+    return Generation(llm.model, llm.tokenizer, prompt_ids, params).run()
 
 
-def hf_greedy(hf_smollm2, prompt_ids, n_new):
+def hf_greedy(hf_smollm2, prompt_ids, max_new):
+    """transformers' greedy continuation, eos included when it ends there."""
     model, _ = hf_smollm2
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n_new, min_new_tokens=n_new,
-                             do_sample=False, pad_token_id=2)
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new, do_sample=False,
+                             pad_token_id=2)
     return out[0, len(prompt_ids):].tolist()
 
 
@@ -35,9 +41,9 @@ def hf_greedy(hf_smollm2, prompt_ids, n_new):
 @pytest.mark.parametrize("prompt", RAW_PROMPTS)
 def test_greedy_raw_prompts_match_transformers(llm, hf_smollm2, prompt):
     ids = llm.tokenizer.encode(prompt)
-    ours = llm.generate([ids], GREEDY, use_tqdm=False)[0]
+    ours = generate(llm, ids, GREEDY)
     assert ours.token_ids == hf_greedy(hf_smollm2, ids, 32)
-    assert ours.finish_reason == "length"
+    assert ours.finish_reason == "length" and len(ours.token_ids) == 32
 
 
 @pytest.mark.slow
@@ -46,8 +52,9 @@ def test_greedy_chat_matches_transformers(llm, hf_smollm2, messages):
     _, hf_tok = hf_smollm2
     ids = llm.chat_prompt(messages)
     assert ids == hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    ours = llm.generate([ids], GREEDY, use_tqdm=False)[0]
+    ours = generate(llm, ids, GREEDY)
     assert ours.token_ids == hf_greedy(hf_smollm2, ids, 32)
+    assert ours.finish_reason == "stop" and ours.token_ids[-1] == llm.tokenizer.eos_id
 
 
 @pytest.mark.slow
@@ -61,31 +68,43 @@ def test_the_reference_answer_ends_at_eos(llm):
 @pytest.mark.slow
 def test_a_stop_string_spanning_tokens_is_cut_from_the_text(llm):
     ids = llm.tokenizer.encode(RAW_PROMPTS[0])
-    full = llm.generate([ids], GREEDY, use_tqdm=False)[0]
+    full = generate(llm, ids, GREEDY)
     pieces = [llm.tokenizer.decode([t]) for t in full.token_ids]
     # a stop string made of the end of token 5 and the start of token 6
     k = 5
     stop = pieces[k][-2:] + pieces[k + 1][:2]
     assert len(pieces[k]) >= 2 and len(pieces[k + 1]) >= 2
     cut = full.text.find(stop)
-    out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=32, stop=[stop]), use_tqdm=False)[0]
+    out = generate(llm, ids, SamplingParams(temperature=0.0, max_tokens=32, stop=[stop]))
     assert out.text == full.text[:cut] and out.finish_reason == "stop" and out.stop_reason == stop
 
 
 @pytest.mark.slow
 def test_max_tokens_ends_with_length_and_the_exact_count(llm):
-    out = llm.generate(["Count: one, two,"], SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
-                       use_tqdm=False)[0]
+    ids = llm.tokenizer.encode("Count: one, two,")
+    out = generate(llm, ids, SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True))
     assert len(out.token_ids) == 7 and out.finish_reason == "length"
 
 
 @pytest.mark.slow
 def test_same_seed_same_text_and_streaming_equals_the_result(llm):
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=24)
-    a = llm.generate(["Tell me a story"], params, use_tqdm=False)[0]
-    b = llm.generate(["Tell me a story"], params, use_tqdm=False)[0]
+    ids = llm.tokenizer.encode("Tell me a story")
+    a, b = generate(llm, ids, params), generate(llm, ids, params)
     assert a.token_ids == b.token_ids
     assert "".join(llm.stream("Tell me a story", params)) == a.text
+
+
+@pytest.mark.slow
+def test_timings_follow_the_token_times(llm):
+    gen = Generation(llm.model, llm.tokenizer, llm.tokenizer.encode(RAW_PROMPTS[0]),
+                     SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="no token"):
+        gen.timings()
+    gen.run()
+    t, times = gen.timings(), gen.token_times
+    assert t.ttft_s == times[0] - gen.start and t.e2e_s == times[-1] - gen.start
+    assert t.tpot_s == pytest.approx((times[-1] - times[0]) / 4)
 
 
 @pytest.mark.slow

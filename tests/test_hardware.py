@@ -7,6 +7,7 @@ and decode arithmetic is checked exactly, on hand-computed inputs and the chapte
 import json
 import math
 
+import numba
 import numpy as np
 import pytest
 
@@ -181,11 +182,13 @@ def _finite_positive(x):
     return math.isfinite(x) and x > 0
 
 
+@pytest.mark.parametrize("threads", [1, None])   # the plain loop, and the parallel one on every core
 @pytest.mark.parametrize("kernel", microbench.BANDWIDTH_KERNELS)
-def test_bandwidth_sweep_returns_positive_figures(kernel):
+def test_bandwidth_sweep_returns_positive_figures(kernel, threads):
     sizes = [16 * KIB, 256 * KIB]
-    points = microbench.bandwidth_sweep(kernel, sizes, repeats=1, min_bytes=1 * MIB)
+    points = microbench.bandwidth_sweep(kernel, sizes, threads=threads, repeats=1, min_bytes=1 * MIB)
     assert [p.kernel for p in points] == [kernel, kernel]
+    assert all(p.threads == (threads or numba.get_num_threads()) for p in points)
     assert all(_finite_positive(p.bandwidth_gbs) for p in points)
     assert all(0 < p.working_set_bytes <= size for p, size in zip(points, sizes))
 
@@ -197,7 +200,9 @@ def test_latency_sweep_returns_positive_figures():
 
 
 def test_peak_flops_and_call_overheads_are_positive():
-    for peak in (microbench.gemm_flops(64, repeats=1), microbench.fma_flops(1 << 10, repeats=1)):
+    peaks = [microbench.gemm_flops(64, repeats=1), microbench.fma_flops(1 << 10, threads=1, repeats=1),
+             microbench.fma_flops(1 << 10, repeats=1)]
+    for peak in peaks:
         assert _finite_positive(peak.gflops)
     overheads = microbench.call_overheads(calls=1000, repeats=1)
     assert len(overheads) >= 3

@@ -55,13 +55,14 @@ def run(workload, num_blocks, block_size, max_num_seqs, budget):
         # FCFS: sequences leave the waiting queue from its head, in order (preempted ones rejoin at the head)
         admitted = [s.seq for s in plan.scheduled if s.seq in waiting_before]
         assert admitted == waiting_before[: len(admitted)]
+        assert all(s.num_new >= 1 for s in plan.scheduled)
+        sampling = [s.seq for s in plan.scheduled if s.completes_prefill]  # as LLMEngine.step does
         sched.computed(plan.scheduled)
-        for s in plan.scheduled:
-            if s.completes_prefill:
-                s.seq.builder.append(next_token(s.seq.token_ids))
-                if s.seq.builder.finished:
-                    sched.finish(s.seq)
-                    finished_count[s.seq.seq_id] = finished_count.get(s.seq.seq_id, 0) + 1
+        for seq in sampling:
+            seq.builder.append(next_token(seq.token_ids))
+            if seq.builder.finished:
+                sched.finish(seq)
+                finished_count[seq.seq_id] = finished_count.get(seq.seq_id, 0) + 1
         step += 1
     return seqs, bm, sched, finished_count
 

@@ -120,7 +120,8 @@ def test_chat_names_its_own_fields():
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert error_of({**base, "top_logprobs": 2}, ChatCompletionRequest).param == "top_logprobs"
     assert error_of({**base, "logprobs": True, "top_logprobs": 99}, ChatCompletionRequest).param == "top_logprobs"
-    assert error_of({**base, "messages": [{"role": "robot", "content": "x"}]}, ChatCompletionRequest).param == "messages"
+    robot = {**base, "messages": [{"role": "robot", "content": "x"}]}
+    assert error_of(robot, ChatCompletionRequest).param == "messages"
     max_tokens = parse_request(json.dumps({**base, "max_completion_tokens": 0}).encode(), ChatCompletionRequest)
     with pytest.raises(APIError) as e:
         max_tokens.to_sampling_params(0)

@@ -139,11 +139,14 @@ def measure_bandwidth(kernel: str, working_set_bytes: int, threads: int | None =
 
 
 def _run_bandwidth_kernel(kernel: str, arrays: list[np.ndarray], reps: int, threads: int):
-    if kernel == "read":
-        return _read_kernel(*arrays, reps, threads)
-    if kernel == "copy":
-        return _copy_kernel(*arrays, reps, threads)
-    return _triad_kernel(*arrays, np.float32(0.5), reps, threads)
+    # One thread calls the plain loop: a parallel region would wait on every other pool thread at
+    # its barrier, and on a busy machine that wait, not the memory, would be what we time.
+    scalar = (np.float32(0.5),) if kernel == "triad" else ()
+    if threads == 1:
+        passes = {"read": _read_passes, "copy": _copy_passes, "triad": _triad_passes}[kernel]
+        return passes(*arrays, *scalar, reps)
+    parallel = {"read": _read_kernel, "copy": _copy_kernel, "triad": _triad_kernel}[kernel]
+    return parallel(*arrays, *scalar, reps, threads)
 
 
 def bandwidth_sweep(kernel: str = "read", sizes: list[int] | None = None, threads: int | None = None,
@@ -270,8 +273,9 @@ def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 3
     threads = threads or numba.get_num_threads()
     if not 1 <= threads <= numba.get_num_threads():
         raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
-    _fma_kernel(1, threads)
-    seconds = best_time(lambda: _fma_kernel(iters, threads), repeats)
+    run = (lambda: _fma_lanes(iters, 0)) if threads == 1 else (lambda: _fma_kernel(iters, threads))
+    run()   # compile (or load from cache)
+    seconds = best_time(run, repeats)
     return PeakFlops("numba FMA loop", 2 * FMA_LANES * iters * threads / seconds / 1e9, threads)
 
 

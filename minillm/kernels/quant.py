@@ -413,7 +413,9 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 # -----------------------------------------------------------------------------------------------
 # The dispatch the model calls
 
-SMALL_BATCH_MAX_T = 32  # up to here weight traffic dominates: read the packed bytes once
+# Up to here decoding each weight once beats decoding it into a scratch tile first. Measured at
+# 1536 x 576 Q4_1, one thread: T = 2: 517 vs 642 us; T = 8: 708 vs 691; T = 16: 1150 vs 849.
+SMALL_BATCH_MAX_T = 8
 DEQUANT_TILE_ROWS = 128  # rows of W dequantized at a time for the BLAS path (an L2-sized scratch)
 
 
@@ -428,9 +430,9 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T, choosing the kernel by T:
 
     - T == 1 (decode): `qmatvec`, memory-bound, reads the packed bytes once and nothing else.
-    - 1 < T <= 32 (a few decode streams, short prefill chunks): `qmatmul`, each weight decoded once
+    - 1 < T <= 8 (a few decode streams, short prefill chunks): `qmatmul`, each weight decoded once
       and used for all T rows - still dominated by weight traffic.
-    - T > 32 (prefill): compute-bound; dequantize W a tile of rows at a time into one scratch buffer
+    - T > 8 (prefill, larger decode batches): compute-bound; dequantize W a tile of rows at a time into one scratch buffer
       and multiply with the register-tiled matmul of cpu_matmul.py. Not BLAS: its thread pool and
       Numba's would fight over the cores inside a forward (see minillm/kernels/cpu.py).
     """

@@ -44,6 +44,16 @@ class SchedulerOutput:
         return sum(s.num_new for s in self.scheduled)
 
 
+def choose_victim(running: list[Sequence]) -> Sequence:
+    """The sequence to preempt when one needs a KV block and none is free: the most recently admitted.
+
+    ``running`` is in admission order. The oldest requests keep their progress (so every request
+    finishes eventually), and the newest has usually computed the least, so recomputing it costs
+    the least. It may be the very sequence that needs the block.
+    """
+    return running[-1]
+
+
 class Scheduler:
     """A FCFS waiting queue, the running set (in admission order) and the block manager."""
 
@@ -77,7 +87,7 @@ class Scheduler:
             seq = self.running[i]
             if bm.num_slots(seq.seq_id) < seq.num_tokens:  # decode: the newest token needs a slot
                 while not bm.can_append(seq.seq_id):
-                    victim = self.running[-1]
+                    victim = choose_victim(self.running)
                     self.preempt(victim)
                     out.preempted.append(victim)
                     if victim is seq:

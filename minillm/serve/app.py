@@ -23,15 +23,14 @@ import logging
 import socket
 import threading
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from minillm.generation.sampling import SamplingParams
 from minillm.llm import LLM
@@ -102,7 +101,7 @@ def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, 
             raise bad_request(f"{param} holds token ids outside the vocabulary [0, {tokenizer.vocab_size}): "
                               f"{bad[:5]}", param)
 
-    def fit_max_tokens(prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int | None:
+    def fit_max_tokens(prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:
         """The completion budget: the request's, checked against the context, or all that is left."""
         if prompt_len >= max_model_len:
             raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your "
@@ -118,7 +117,7 @@ def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, 
         return requested  # values < 1 are left for SamplingParams to refuse
 
     async def generate(request: Request, builder: ResponseBuilder, prompt_ids: list[int], params: SamplingParams,
-                  stream: bool, arrival: float) -> Response:
+                       stream: bool, arrival: float) -> Response:
         check_token_ids(params.stop_token_ids, "stop_token_ids")
         if params.n > max_num_seqs:  # its n sequences must run side by side
             raise bad_request(f"n = {params.n} exceeds this server's max_num_seqs ({max_num_seqs})", "n")
@@ -142,8 +141,8 @@ def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, 
             check_token_ids(prompt, "prompt")
             prompt_ids = prompt
         params = body.to_sampling_params(fit_max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt"))
-        builder = CompletionResponseBuilder(f"cmpl-{uuid.uuid4().hex}", name, tokenizer, params.n, len(prompt_ids),
-                                            params.logprobs is not None, body.include_usage)
+        builder = CompletionResponseBuilder(name, tokenizer, params.n, len(prompt_ids), params.logprobs is not None,
+                                            body.include_usage)
         return await generate(request, builder, prompt_ids, params, bool(body.stream), arrival)
 
     @app.post("/v1/chat/completions")
@@ -160,8 +159,8 @@ def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, 
             raise bad_request(str(e), "messages") from None
         requested, param = body.requested_max_tokens()
         params = body.to_sampling_params(fit_max_tokens(len(prompt_ids), requested, param, "messages"))
-        builder = ChatResponseBuilder(f"chatcmpl-{uuid.uuid4().hex}", name, tokenizer, params.n, len(prompt_ids),
-                                      params.logprobs is not None, body.include_usage)
+        builder = ChatResponseBuilder(name, tokenizer, params.n, len(prompt_ids), params.logprobs is not None,
+                                      body.include_usage)
         return await generate(request, builder, prompt_ids, params, bool(body.stream), arrival)
 
     @app.get("/v1/models")

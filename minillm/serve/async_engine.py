@@ -162,8 +162,14 @@ class AsyncEngine:
     def run(self) -> None:
         try:
             self.serve_forever()
-        except Exception:  # a bug outside the step: fail loudly, never hang the clients
+        except Exception:  # a bug outside the step: fail loudly, never leave a client hanging
             log.exception("the engine thread died")
+            with self.wakeup:
+                self.stopping = True  # new requests get a 503 from now on
+                pending, self.commands = self.commands, []
+            for command in pending:
+                if isinstance(command, Add):
+                    command.stream.put(EngineFailure("the engine thread died"))
             self.fail_all("internal error: the engine thread died")
             raise
 

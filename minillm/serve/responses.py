@@ -12,6 +12,7 @@ answers a non-streamed request with ``response()`` at the end.
 from __future__ import annotations
 
 import time
+import uuid
 from itertools import accumulate
 from dataclasses import dataclass, field
 
@@ -42,9 +43,10 @@ class ResponseBuilder:
     """Chunks and the final body of one request, for one endpoint (subclasses)."""
     object_name = chunk_object_name = id_prefix = ""
 
-    def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, n: int, prompt_tokens: int,
-                 logprobs: bool, include_usage: bool):
-        self.id, self.model, self.tokenizer = request_id, model, tokenizer
+    def __init__(self, model: str, tokenizer: Tokenizer, n: int, prompt_tokens: int, logprobs: bool,
+                 include_usage: bool):
+        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"  # also the engine's request id
+        self.model, self.tokenizer = model, tokenizer
         self.created = int(time.time())
         self.prompt_tokens = prompt_tokens
         self.want_logprobs, self.include_usage = logprobs, include_usage

@@ -1,0 +1,42 @@
+"""The command line as a user runs it: real processes, the real model."""
+import subprocess
+import sys
+
+import pytest
+
+
+def minillm(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "minillm", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_generate_streams_the_greedy_completion(smollm2_path):
+    from minillm.generation.sampling import SamplingParams
+    from minillm.llm import LLM
+
+    expected = LLM(smollm2_path).generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8),
+                                          use_tqdm=False)[0].text
+    run = minillm("generate", "The capital of France is", "--max-tokens", "8", "--model", str(smollm2_path))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == expected + "\n"
+
+
+@pytest.mark.slow
+def test_chat_answers_resets_and_exits(smollm2_path):
+    script = "What is the capital of France?\n/reset\n/exit\n"
+    run = minillm("chat", "--temperature", "0", "--model", str(smollm2_path), stdin=script)
+    assert run.returncode == 0, run.stderr
+    assert "The capital of France is Paris." in run.stdout and "(conversation cleared)" in run.stdout
+
+
+def test_bad_sampling_parameter_is_a_message_not_a_traceback():
+    run = minillm("generate", "hi", "--temperature", "-1")
+    assert run.returncode == 2
+    assert "temperature" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_missing_model_file_is_a_message(tmp_path):
+    run = minillm("generate", "hi", "--model", str(tmp_path / "nope.gguf"))
+    assert run.returncode == 2
+    assert "no model at" in run.stderr and "Traceback" not in run.stderr
