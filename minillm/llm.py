@@ -43,6 +43,10 @@ class RequestOutput:
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
+    @property
+    def stop_reason(self) -> str | int | None:
+        return self.outputs[0].stop_reason
+
 
 def load_tokenizer(path: Path) -> Tokenizer:
     """The tokenizer that travels with a model: GGUF metadata, or tokenizer.json in an HF folder."""

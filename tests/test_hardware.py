@@ -101,7 +101,7 @@ def test_batching_shares_the_weight_reads():
 
 def test_roofline_object_ridge_points_and_levels():
     rf = roofline.Roofline(peak_flops=1e12, bandwidths={"L1": 1e12, "DRAM": 1e11})
-    assert rf.slowest_level == "DRAM"
+    assert rf.main_memory == "DRAM"
     assert rf.ridge_point() == 10.0 and rf.ridge_point("L1") == 1.0
     assert rf.attainable(2.0) == pytest.approx(2e11)
     assert rf.attainable(2.0, "L1") == pytest.approx(1e12)

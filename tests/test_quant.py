@@ -180,9 +180,9 @@ def test_qmatmul_small_batches(qtype, T):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("T", [1, 2, quant.SMALL_BATCH_MAX_T, quant.SMALL_BATCH_MAX_T + 1, 70])
+@pytest.mark.parametrize("T", [1, 2, quant.MATVEC_ROWS_MAX_T + 1, quant.SMALL_BATCH_MAX_T + 1, 70])
 def test_qlinear_every_path(qtype, T):
-    """T == 1 matvec, small batches fused, larger ones dequantized a tile at a time (600 rows: a partial tile)."""
+    """Matvec per row, the fused small batch, tiles dequantized one at a time (600 rows: a partial tile)."""
     qm = realistic_qmatrix(qtype, 600, 64, seed=T)
     x = np.random.default_rng(T).standard_normal((T, 64)).astype(np.float32)
     y = quant.qlinear(x, qm)

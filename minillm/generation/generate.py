@@ -9,6 +9,9 @@ LLM inference is a state machine, not one forward:
 Prefill is one big matmul per weight (compute-bound); each decode step reads every weight to
 produce one token (memory-bound). The KV cache is what makes a decode step cost O(1) forwards
 instead of re-running the whole sequence.
+
+``prefill`` and ``decode_step`` are the two forwards; ``Generation`` is the state machine around
+them, with sampling and the output (text, stop conditions) of one request.
 """
 from __future__ import annotations
 

@@ -273,9 +273,11 @@ def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 3
     threads = threads or numba.get_num_threads()
     if not 1 <= threads <= numba.get_num_threads():
         raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
-    run = (lambda: _fma_lanes(iters, 0)) if threads == 1 else (lambda: _fma_kernel(iters, threads))
-    run()   # compile (or load from cache)
-    seconds = best_time(run, repeats)
+    # The parallel kernel even for one thread: on the course's test machine the loop compiled inside
+    # it ran at twice the FLOP/s of a plain call to _fma_lanes (same FMAs, different code layout),
+    # and a peak is the best the hardware shows.
+    _fma_kernel(1, threads)
+    seconds = best_time(lambda: _fma_kernel(iters, threads), repeats)
     return PeakFlops("numba FMA loop", 2 * FMA_LANES * iters * threads / seconds / 1e9, threads)
 
 

@@ -11,6 +11,7 @@ import json
 import sys
 from dataclasses import dataclass
 
+import numba
 from tqdm import tqdm
 
 from minillm.hardware import gpu
@@ -24,14 +25,16 @@ from minillm.hardware.roofline import Roofline
 # The quick sweep: working sets x4 apart for bandwidth, x2 apart for the latency staircase.
 BANDWIDTH_SIZES = sweep_sizes(16 * KIB, GIB, factor=4)
 LATENCY_SIZES = sweep_sizes(16 * KIB, 256 * MIB, factor=2)
+# (kernel, threads): one core reading (the figure a busy machine disturbs least), then every core.
+BANDWIDTH_SWEEPS = [("read", 1)] + [(kernel, numba.get_num_threads()) for kernel in BANDWIDTH_KERNELS]
 
 
 @dataclass
 class HardwareReport:
     machine: Machine
     versions: dict[str, str]
-    bandwidth: dict[str, list[BandwidthPoint]]           # kernel -> sweep
-    bandwidth_by_level_gbs: dict[str, dict[str, float]]  # kernel -> level -> GB/s
+    bandwidth: dict[str, list[BandwidthPoint]]           # "read x1", "triad x2", ... -> sweep
+    bandwidth_by_level_gbs: dict[str, dict[str, float]]  # same keys -> level -> GB/s
     latency: list[LatencyPoint]
     latency_by_level_ns: dict[str, float]
     peak_flops: list[PeakFlops]
@@ -42,7 +45,7 @@ class HardwareReport:
     gpu_bandwidth: gpu.DeviceBandwidth | None
 
     def roofline(self) -> Roofline:
-        """Peak: the best FLOP/s measured; each level's roof: the best bandwidth of any kernel."""
+        """Peak: the best FLOP/s measured; each level's roof: the best bandwidth any sweep reached."""
         levels = {}
         for by_level in self.bandwidth_by_level_gbs.values():
             for level, gbs in by_level.items():
@@ -53,19 +56,20 @@ class HardwareReport:
 def measure(progress: bool = True) -> HardwareReport:
     """Run every measurement once (the quick sweep), showing a progress bar on stderr."""
     machine = describe_machine()
-    steps = ([("bandwidth", kernel, size) for kernel in BANDWIDTH_KERNELS for size in BANDWIDTH_SIZES]
+    steps = ([("bandwidth", sweep, size) for sweep in BANDWIDTH_SWEEPS for size in BANDWIDTH_SIZES]
              + [("latency", None, size) for size in LATENCY_SIZES]
              + [("flops", None, None), ("calls", None, None), ("gpu", None, None)])
-    bandwidth = {kernel: [] for kernel in BANDWIDTH_KERNELS}
+    bandwidth = {f"{kernel} x{threads}": [] for kernel, threads in BANDWIDTH_SWEEPS}
     latency, flops, overheads = [], [], []
     gpu_info = gpu_launch = gpu_bandwidth = None
-    for what, kernel, size in tqdm(steps, desc="measuring", file=sys.stderr, disable=not progress, leave=False):
+    for what, sweep, size in tqdm(steps, desc="measuring", file=sys.stderr, disable=not progress, leave=False):
         if what == "bandwidth":
-            bandwidth[kernel].append(measure_bandwidth(kernel, size))
+            kernel, threads = sweep
+            bandwidth[f"{kernel} x{threads}"].append(measure_bandwidth(kernel, size, threads))
         elif what == "latency":
             latency.append(measure_latency(size))
         elif what == "flops":
-            flops = [gemm_flops(), fma_flops()]
+            flops = [gemm_flops(), fma_flops(threads=1), fma_flops()]
         elif what == "calls":
             overheads = call_overheads(calls=50_000, repeats=3)
         else:
@@ -122,21 +126,21 @@ def format_table(report: HardwareReport) -> str:
         f"versions   {', '.join(f'{name} {version}' for name, version in report.versions.items())}",
         "",
     ]
-    threads = report.bandwidth[BANDWIDTH_KERNELS[0]][0].threads
-    lines.append(f"Bandwidth, GB/s ({threads} threads)    " + "".join(f"{k:>9}" for k in BANDWIDTH_KERNELS))
-    for i, point in enumerate(report.bandwidth[BANDWIDTH_KERNELS[0]]):
-        row = "".join(f"{report.bandwidth[k][i].bandwidth_gbs:9.1f}" for k in BANDWIDTH_KERNELS)
-        lines.append(f"  working set {_size(point.working_set_bytes):>10}          {row}")
-    for level in report.bandwidth_by_level_gbs[BANDWIDTH_KERNELS[0]]:
-        row = "".join(f"{report.bandwidth_by_level_gbs[k].get(level, float('nan')):9.1f}" for k in BANDWIDTH_KERNELS)
-        lines.append(f"  {level + ' plateau':<33}{row}")
+    sweeps = list(report.bandwidth)
+    lines.append("Bandwidth, GB/s (xN: N threads)      " + "".join(f"{sweep:>10}" for sweep in sweeps))
+    for i, point in enumerate(report.bandwidth[sweeps[0]]):
+        row = "".join(f"{report.bandwidth[sweep][i].bandwidth_gbs:10.1f}" for sweep in sweeps)
+        lines.append(f"  working set {_size(point.working_set_bytes):>10}           {row}")
+    for level in report.roofline().bandwidths:
+        row = "".join(f"{report.bandwidth_by_level_gbs[sweep].get(level, float('nan')):10.1f}" for sweep in sweeps)
+        lines.append(f"  {level + ' plateau':<35}{row}")
     lines += ["", "Latency, ns per dependent load (1 thread)"]
     for point in report.latency:
         lines.append(f"  working set {_size(point.working_set_bytes):>10}  {point.latency_ns:8.1f}")
     lines.append("  " + ", ".join(f"{level} {ns:.1f} ns" for level, ns in report.latency_by_level_ns.items()))
     lines += ["", "Peak FP32"]
     for peak in report.peak_flops:
-        threads = f" ({peak.threads} threads)" if peak.threads else ""
+        threads = f" ({peak.threads} thread{'s' if peak.threads > 1 else ''})" if peak.threads else ""
         lines.append(f"  {peak.method + threads:<36}{peak.gflops:9.1f} GFLOP/s")
     lines += ["", "Per-call overhead"]
     for overhead in report.call_overheads:
@@ -144,8 +148,8 @@ def format_table(report: HardwareReport) -> str:
     roofline = report.roofline()
     lines += ["", f"Roofline: peak {roofline.peak_flops / 1e9:.0f} GFLOP/s; ridge points (FLOP/byte) "
               + ", ".join(f"{level} {roofline.ridge_point(level):.1f}" for level in roofline.bandwidths)]
-    lines.append(f"  a kernel below {roofline.ridge_point():.1f} FLOP/byte on data from DRAM is memory-bound "
-                 "(batch-1 decode: 2 FLOP per weight, about 4 FLOP/byte at 4 bits per weight)")
+    lines.append(f"  a kernel below {roofline.ridge_point():.1f} FLOP/byte on data from {roofline.main_memory} is "
+                 "memory-bound (batch-1 decode: 2 FLOP per weight, about 4 FLOP/byte at 4 bits per weight)")
     return "\n".join(lines)
 
 

@@ -143,7 +143,7 @@ class Roofline:
     """Measured (or data-sheet) ceilings: peak FLOP/s and one bandwidth per memory level."""
 
     peak_flops: float
-    bandwidths: dict[str, float]    # level -> bytes/s, fastest first: {"L1": ..., "DRAM": ...}
+    bandwidths: dict[str, float]    # level -> bytes/s, L1 first, main memory last: {"L1": ..., "DRAM": ...}
     name: str = "this machine"
 
     def __post_init__(self):
@@ -157,11 +157,12 @@ class Roofline:
         return cls(peak_gflops * 1e9, {level: gbs * 1e9 for level, gbs in bandwidth_gbs.items()}, name)
 
     @property
-    def slowest_level(self) -> str:
-        return min(self.bandwidths, key=self.bandwidths.get)
+    def main_memory(self) -> str:
+        """The last level, where data that fits in no cache (a model's weights) comes from."""
+        return list(self.bandwidths)[-1]
 
     def attainable(self, intensity_flop_per_byte, level: str | None = None):
-        """Attainable FLOP/s against ``level``'s bandwidth (default: the slowest, main memory)."""
+        """Attainable FLOP/s against ``level``'s bandwidth (default: main memory)."""
         return attainable_flops(intensity_flop_per_byte, self.peak_flops, self._bandwidth(level))
 
     def ridge_point(self, level: str | None = None) -> float:
@@ -194,7 +195,7 @@ class Roofline:
         return ax
 
     def _bandwidth(self, level: str | None) -> float:
-        level = level or self.slowest_level
+        level = level or self.main_memory
         if level not in self.bandwidths:
             raise ValueError(f"unknown memory level {level!r}; this roofline has {list(self.bandwidths)}")
         return self.bandwidths[level]

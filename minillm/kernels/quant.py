@@ -413,8 +413,17 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 # -----------------------------------------------------------------------------------------------
 # The dispatch the model calls
 
-# Up to here decoding each weight once beats decoding it into a scratch tile first. Measured at
-# 1536 x 576 Q4_1, one thread: T = 2: 517 vs 642 us; T = 8: 708 vs 691; T = 16: 1150 vs 849.
+# Where each path wins, measured on this machine with one thread (microseconds):
+#
+#   Q4_1 1536 x 576       T = 2    4     8    16        Q8_0 49152 x 576    T = 2     4     8     16
+#   qmatvec, row by row      218  434   867  1776        qmatvec, row by row   5125 10424 23430 41320
+#   qmatmul                  497  604   706  1158        qmatmul              15078 17393 24712 31485
+#   dequantize + tiles       644  622   697   843        dequantize + tiles   17141 17023 19730 24815
+#
+# The fused matvec is so much faster per row that running it once per row wins up to T = 4,
+# although it reads the weights T times; our qmatmul, which reads them once, only breaks even
+# around T = 8 - its inner loop is a plain dot product, not the matvec's SIMD lanes.
+MATVEC_ROWS_MAX_T = 4
 SMALL_BATCH_MAX_T = 8
 DEQUANT_TILE_ROWS = 128  # rows of W dequantized at a time for the BLAS path (an L2-sized scratch)
 
@@ -429,19 +438,20 @@ def _dequantize_tile(code, data, first_row, out):
 def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T, choosing the kernel by T:
 
-    - T == 1 (decode): `qmatvec`, memory-bound, reads the packed bytes once and nothing else.
-    - 1 < T <= 8 (a few decode streams, short prefill chunks): `qmatmul`, each weight decoded once
-      and used for all T rows - still dominated by weight traffic.
-    - T > 8 (prefill, larger decode batches): compute-bound; dequantize W a tile of rows at a time into one scratch buffer
-      and multiply with the register-tiled matmul of cpu_matmul.py. Not BLAS: its thread pool and
-      Numba's would fight over the cores inside a forward (see minillm/kernels/cpu.py).
+    - T <= 4 (decode, a few decode streams): `qmatvec` once per row - memory-bound, each call
+      reads the packed bytes once; a row's result does not depend on the other rows.
+    - 4 < T <= 8: `qmatmul`, each weight decoded once and used for all T rows.
+    - T > 8 (prefill, larger decode batches): compute-bound; dequantize W a tile of rows at a time
+      into one scratch buffer and multiply with the register-tiled matmul of cpu_matmul.py. Not
+      BLAS: its thread pool and Numba's would fight over the cores inside a forward (cpu.py).
+    The table above SMALL_BATCH_MAX_T has the measurements behind the thresholds.
     """
     x = _check_input(x, qm, 2)  # (T, cols)
     T, (rows, cols) = x.shape[0], qm.shape
     if T == 0:
         return np.empty((0, rows), dtype=np.float32)
-    if T == 1:
-        return qmatvec(x[0], qm)[None, :]  # (1, rows)
+    if T <= MATVEC_ROWS_MAX_T:
+        return np.stack([qmatvec(row, qm) for row in x])  # (T, rows)
     if T <= SMALL_BATCH_MAX_T:
         return qmatmul(x, qm)  # (T, rows)
     out = np.empty((T, rows), dtype=np.float32)  # (T, rows)
