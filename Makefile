@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest
 ## make lab: environment + default model, then JupyterLab on chapters/
 lab: install model
 	@echo "Starting JupyterLab on chapters/ (open the URL printed below; Ctrl-C stops it)"
-	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1
+	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## make test: the whole suite - unit tests, CUDA kernels under the simulator, every chapter notebook
 test: install model test-unit test-cuda test-notebooks
