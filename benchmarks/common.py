@@ -25,3 +25,15 @@ def save_result(name: str, results: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"saved {path}")
     return path
+
+
+def load_transformers_model(path: Path, threads: int):
+    """The transformers peer: the same GGUF file dequantized to fp32, on `threads` threads -> (torch, model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return torch, model

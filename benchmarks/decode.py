@@ -39,7 +39,7 @@ from collections import defaultdict
 
 import numba
 import numpy as np
-from common import save_result
+from common import load_transformers_model, save_result
 
 from minillm.generation.generate import Generation, decode_step, prefill
 from minillm.generation.sampling import Sampler, SamplingParams, SamplingState
@@ -86,15 +86,7 @@ class Transformers:
     name = "transformers"
 
     def __init__(self, path, threads):
-        import torch
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        torch.set_num_threads(threads)
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                          dtype=torch.float32).eval()
+        self.torch, self.model = load_transformers_model(path, threads)
 
     def _first(self, prompt):
         out = self.model(self.torch.tensor([prompt]), use_cache=True, logits_to_keep=1)

@@ -31,7 +31,7 @@ import time
 
 import numba
 import numpy as np
-from common import save_result
+from common import load_transformers_model, save_result
 
 from minillm.generation.sampling import SamplingParams
 from minillm.hardware.machine import describe_machine
@@ -77,15 +77,7 @@ class Transformers:
     name = "transformers"
 
     def __init__(self, path, threads):
-        import torch
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        torch.set_num_threads(threads)
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                          dtype=torch.float32).eval()
+        self.torch, self.model = load_transformers_model(path, threads)
 
     def run(self, workload) -> float:
         torch = self.torch
