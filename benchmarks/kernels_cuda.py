@@ -9,7 +9,9 @@ through __cuda_array_interface__), and the two outputs are compared. Reported: m
 achieved GB/s and GFLOP/s (minimum traffic and FLOP counts from minillm.kernels.cuda_timing), and
 torch_us / our_us (> 1: ours is faster). For the quantized linears PyTorch has no Q4_1/Q8_0 kernel:
 it runs the fp32 linear on the dequantized weights, i.e. what you would do without a fused kernel.
-Also the matmul ladder at 1024^3, and the GPU's measured copy bandwidth and FP32 peak.
+Also the matmul ladder at 1024^3, the GPU's measured copy bandwidth and FP32 peak, and paged decode
+attention (one launch, keys found through shuffled block tables) against the contiguous attention
+kernel (one launch per sequence, keys in order) for 1 and 8 sequences of 1024 keys.
 
 Needs a CUDA GPU. Without one (or under NUMBA_ENABLE_CUDASIM=1, whose timings mean nothing) it
 prints why and exits with status 2.
@@ -24,10 +26,12 @@ import numpy as np
 from common import save_result
 from minillm.hardware.gpu import describe_gpu, device_bandwidth
 from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_quant, cuda_timing
-from minillm.kernels.cuda_setup import SIMULATOR, cuda_available
+from minillm.kernels.cuda_paged_attention import paged_attention_gpu
+from minillm.kernels.cuda_setup import SIMULATOR, cuda_available, to_gpu
 
 EXIT_NO_GPU = 2
 LADDER_SIZE = 1024
+PAGED_CONTEXT, PAGED_BATCHES, PAGED_BLOCK_SIZE = 1024, (1, 8), 16  # the engine's default block size
 
 
 # -----------------------------------------------------------------------------------------------
@@ -125,6 +129,48 @@ def measure(runs, equivalents, repeats: int) -> list[dict]:
     return rows
 
 
+# -----------------------------------------------------------------------------------------------
+# Paged against contiguous decode attention: what does the block-table lookup cost?
+
+
+def paged_decode_runs(batch: int, context: int, seed: int = 0) -> tuple[list[cuda_timing.KernelRun], float]:
+    """Decode attention of `batch` sequences of `context` keys each, at SmolLM2's heads, two ways.
+
+    The same keys in a contiguous cache per sequence and in shuffled blocks of one paged cache.
+    -> the two runs, and the largest difference between their outputs.
+    """
+    rng = np.random.default_rng(seed)
+    H, Hkv, Dh = cuda_timing.HEADS, cuda_timing.KV_HEADS, cuda_timing.HEAD_DIM
+    scale = 1 / np.sqrt(Dh)
+    blocks_each = context // PAGED_BLOCK_SIZE
+    q = rng.standard_normal((batch, H, Dh)).astype(np.float32)  # (B, H, Dh)
+    k = rng.standard_normal((batch, context, Hkv, Dh)).astype(np.float32)  # (B, C, Hkv, Dh) in token order
+    v = rng.standard_normal((batch, context, Hkv, Dh)).astype(np.float32)  # (B, C, Hkv, Dh)
+    tables = rng.permutation(batch * blocks_each).reshape(batch, blocks_each).astype(np.int32)  # (B, C / bs)
+    block_shape = (batch, blocks_each, PAGED_BLOCK_SIZE, Hkv, Dh)
+    k_cache = np.empty((batch * blocks_each, PAGED_BLOCK_SIZE, Hkv, Dh), np.float32)  # (num_blocks, bs, Hkv, Dh)
+    v_cache = np.empty_like(k_cache)  # (num_blocks, bs, Hkv, Dh)
+    k_cache[tables], v_cache[tables] = k.reshape(block_shape), v.reshape(block_shape)  # token t -> its block
+
+    paged_args = (to_gpu(q), to_gpu(k_cache), to_gpu(v_cache), to_gpu(tables, np.int32),
+                  to_gpu(np.arange(batch), np.int64), to_gpu(np.full(batch, context), np.int64), context, scale)
+    sequences = [(to_gpu(q[b:b + 1]), to_gpu(k[b]), to_gpu(v[b])) for b in range(batch)]  # (1, H, Dh), (C, Hkv, Dh) x 2
+
+    def contiguous():
+        return [cuda_attention.attention_gpu(q_b, k_b, v_b, context - 1, scale) for q_b, k_b, v_b in sequences]
+
+    f = 4  # bytes per float32
+    flops = 4 * batch * H * Dh * context  # QK^T and PV: 2 FLOPs per (key, dim) each
+    traffic = f * batch * (2 * H * Dh + 2 * context * Hkv * Dh)  # q in, out, K and V read once
+    runs = [cuda_timing.KernelRun(f"paged decode, batch {batch}, 1 launch", paged_attention_gpu, paged_args,
+                                  flops, traffic + tables.nbytes),
+            cuda_timing.KernelRun(f"contiguous decode, batch {batch}, {batch} launch(es)", contiguous, (),
+                                  flops, traffic)]
+    paged_out = runs[0].run().copy_to_host()  # (B, H, Dh)
+    contiguous_out = np.concatenate([out.copy_to_host() for out in runs[1].run()])  # (B, H, Dh)
+    return runs, float(np.max(np.abs(paged_out - contiguous_out)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
@@ -158,6 +204,12 @@ def main() -> int:
             results[phase][str(context)] = measure(runs, equivalents, args.repeats)
     print(f"matmul ladder at {LADDER_SIZE}^3")
     results["ladder"] = measure(cuda_timing.ladder_runs(LADDER_SIZE), equivalents, args.repeats)
+    results["paged_decode"] = {}
+    for batch in PAGED_BATCHES:
+        runs, diff = paged_decode_runs(batch, PAGED_CONTEXT)
+        print(f"paged vs contiguous decode attention: {batch} sequence(s) of {PAGED_CONTEXT} keys, "
+              f"blocks of {PAGED_BLOCK_SIZE}, |diff| {diff:.1e}")
+        results["paged_decode"][str(batch)] = {"max_abs_diff": diff, "runs": measure(runs, None, args.repeats)}
     save_result("kernels_cuda", results)
     return 0
 

@@ -1,4 +1,4 @@
-"""The quantized matvec (decode's kernel) side by side with fp32 matvecs, at SmolLM2-135M's shapes.
+"""The quantized matvec (decode's kernel) and batched matmul side by side with fp32 BLAS, at SmolLM2-135M's shapes.
 
     .venv/bin/python benchmarks/quant_matvec.py            # the full run (about a minute)
     .venv/bin/python benchmarks/quant_matvec.py --quick    # a smoke run (fewer repetitions, fewer copies)
@@ -14,6 +14,11 @@ token reads its weights from DRAM. "cached": one matrix, called again and again,
 there fp32 BLAS has no memory wall to hide behind. The LM head is too big for any cache: streamed
 only. Reported: microseconds per call (best sample), GB/s of the bytes each contender must read (packed
 bytes for qmatvec, 4 bytes per weight for fp32), and speedups (> 1: qmatvec is faster).
+
+Then the batch: T rows at once (T decode streams, or a prefill), one matrix (cached), for the two
+paths `quant.qlinear` chooses between - qmatvec once per row, and qmatmul (each weight decoded once
+into a tile, multiplied by all T rows) - and BLAS's fp32 x @ W.T. Reported: microseconds, GFLOP/s
+(2 T rows cols flops), and qmatmul's speedup over both. The crossover sets quant.MATVEC_ROWS_MAX_T.
 Results: benchmarks/results/quant_matvec.json.
 
 Threads: Numba's and OpenBLAS's defaults (all cores). On a busy machine - or a VM where waking a
@@ -111,6 +116,28 @@ def bench_case(rows: int, cols: int, qtype: str, regime: str, reps: int, overflo
     return result
 
 
+BATCH_CASES = [CASES[0], CASES[1]]  # the FFN shapes, where most of a forward's flops go
+BATCH_SIZES = (1, 2, 3, 4, 8, 16, 64)
+
+
+def bench_batched(rows: int, cols: int, qtype: str, T: int, reps: int) -> dict:
+    rng = np.random.default_rng(T)
+    qm = quant.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qtype)
+    w32 = qm.dequantize()  # (rows, cols)
+    x = rng.standard_normal((T, cols)).astype(np.float32)  # (T, cols)
+    contenders = {"qmatvec_per_row": lambda: [quant.qmatvec(row, qm) for row in x],
+                  "qmatmul": lambda: quant.qmatmul(x, qm),
+                  "blas_matmul": lambda: x @ w32.T}
+    seconds = best_seconds_per_call(contenders, dict.fromkeys(contenders, 1), reps)
+    flops = 2 * T * rows * cols
+    result = {"shape": [rows, cols], "format": qtype, "T": T}
+    for contender, sec in seconds.items():
+        result[contender] = {"us": sec * 1e6, "gflops": flops / sec / 1e9}
+    result["qmatmul_speedup_vs_qmatvec_per_row"] = seconds["qmatvec_per_row"] / seconds["qmatmul"]
+    result["qmatmul_speedup_vs_blas_matmul"] = seconds["blas_matmul"] / seconds["qmatmul"]
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer repetitions and copies")
@@ -129,7 +156,17 @@ def main():
             print(f"{name:<12} {qtype:<5} {regime:<9} {r['qmatvec']['us']:9.1f} ({r['qmatvec']['gb_per_s']:5.1f}) "
                   f"{r['numba_fp32']['us']:14.1f} {r['blas_gemv']['us']:13.1f} {r['speedup_vs_blas_gemv']:7.2f}x "
                   f"{r['speedup_vs_numba_fp32']:8.2f}x")
-    save_result("quant_matvec", {"quick": args.quick, "threads": threads, "cases": results})
+    batched = []
+    print(f"\n{'case':<12} {'T':>3} {'qmatvec per row us':>19} {'qmatmul us (GFLOP/s)':>21} {'BLAS matmul us':>15} "
+          f"{'vs per row':>11} {'vs BLAS':>8}")
+    for name, rows, cols, qtype in BATCH_CASES:
+        for T in BATCH_SIZES:
+            r = bench_batched(rows, cols, qtype, T, reps)
+            batched.append({"case": name, **r})
+            print(f"{name:<12} {T:>3} {r['qmatvec_per_row']['us']:19.1f} {r['qmatmul']['us']:12.1f} "
+                  f"({r['qmatmul']['gflops']:5.1f}) {r['blas_matmul']['us']:15.1f} "
+                  f"{r['qmatmul_speedup_vs_qmatvec_per_row']:10.2f}x {r['qmatmul_speedup_vs_blas_matmul']:7.2f}x")
+    save_result("quant_matvec", {"quick": args.quick, "threads": threads, "cases": results, "batched": batched})
 
 
 if __name__ == "__main__":

@@ -172,17 +172,18 @@ def test_qmatvec_other_formats(qtype, rows, cols):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("T", [2, 5, 32])
-def test_qmatmul_small_batches(qtype, T):
-    qm = realistic_qmatrix(qtype, 576, 1536, seed=T)
+@pytest.mark.parametrize("T, rows", [(2, 576), (5, 576), (32, 576), (3, 100), (7, 5)])
+def test_qmatmul_batches(qtype, T, rows):
+    """Whole tiles, a partial last tile (100 rows), fewer rows than one tile (5); T off the 4x4 register tile."""
+    qm = realistic_qmatrix(qtype, rows, 1536, seed=T)
     x = np.random.default_rng(T).standard_normal((T, 1536)).astype(np.float32)
     assert_close_to_matmul(quant.qmatmul(x, qm), x, qm)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("T", [1, 2, quant.MATVEC_ROWS_MAX_T + 1, quant.SMALL_BATCH_MAX_T + 1, 70])
+@pytest.mark.parametrize("T", [1, quant.MATVEC_ROWS_MAX_T, quant.MATVEC_ROWS_MAX_T + 1, 70])
 def test_qlinear_every_path(qtype, T):
-    """Matvec per row, the fused small batch, tiles dequantized one at a time (600 rows: a partial tile)."""
+    """Matvec per row on both sides of the threshold, then qmatmul (600 rows: a partial tile)."""
     qm = realistic_qmatrix(qtype, 600, 64, seed=T)
     x = np.random.default_rng(T).standard_normal((T, 64)).astype(np.float32)
     y = quant.qlinear(x, qm)

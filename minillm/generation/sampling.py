@@ -264,11 +264,10 @@ class Sampler:
                 np.array([params[i].frequency_penalty for i in penalised]),
                 np.array([params[i].repetition_penalty for i in penalised]))
 
-        chosen = np.empty(len(states), dtype=np.int64)                          # (B,)
-        greedy = np.array([p.greedy for p in params])
-        if greedy.any():
-            chosen[greedy] = np.argmax(x[greedy], axis=-1)                      # first max: lowest id
-        rows = np.flatnonzero(~greedy)
+        # Every row's argmax (first max: lowest id) is the greedy rows' answer; the others are
+        # drawn below. Cheaper than first copying the greedy rows out of a (B, V) array.
+        chosen = np.argmax(x, axis=-1)                                          # (B,)
+        rows = np.flatnonzero([not p.greedy for p in params])
         if rows.size:
             chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
         return SampleResult(chosen, self._logprobs(raw, chosen, params))

@@ -229,10 +229,12 @@ def latency_sweep(sizes: list[int] | None = None, hops: int = 1 << 18, repeats: 
 FMA_LANES = 128   # 8 AVX-512 (or 32 NEON) registers of independent accumulators
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath={"contract"}, cache=True)
 def _fma_lanes(iters, seed):
     # x = x*a + b on FMA_LANES values at once: the inner loop becomes a handful of SIMD FMAs on
     # registers, and the lanes are independent, so the FMA units never wait for a previous result.
+    # Only "contract" (fuse x*a + b into one FMA), not full fastmath: with reassociation allowed,
+    # LLVM may merge two iterations into x*(a*a) + (a*b + b) and do half the FMAs we count.
     x = np.empty(FMA_LANES, np.float32)   # (FMA_LANES,), kept in vector registers
     for k in range(FMA_LANES):
         x[k] = np.float32(k + seed) * np.float32(1e-3)
@@ -273,9 +275,6 @@ def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 3
     threads = threads or numba.get_num_threads()
     if not 1 <= threads <= numba.get_num_threads():
         raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
-    # The parallel kernel even for one thread: on the course's test machine the loop compiled inside
-    # it ran at twice the FLOP/s of a plain call to _fma_lanes (same FMAs, different code layout),
-    # and a peak is the best the hardware shows.
     _fma_kernel(1, threads)
     seconds = best_time(lambda: _fma_kernel(iters, threads), repeats)
     return PeakFlops("numba FMA loop", 2 * FMA_LANES * iters * threads / seconds / 1e9, threads)

@@ -12,6 +12,7 @@ The kernels, one idea per file:
     cuda_matmul.py     matmul ladder (naive -> shared-memory tiles -> register tiles); linear
     cuda_ops.py        embedding, rms_norm, softmax, rope, silu, swiglu
     cuda_attention.py  causal GQA attention with the online softmax, one block per (query, head)
+    cuda_paged_attention.py  the same over a paged KV cache: keys found through the block table
     cuda_quant.py      Q8_0 / Q4_0 / Q4_1: fused quantized matvec, dequantize, quantized embedding
     cuda_timing.py     on a real GPU: timing with CUDA events, FLOPs and bytes at SmolLM2's shapes
 
@@ -22,6 +23,7 @@ from minillm.kernels.cuda_attention import attention, attention_decode
 from minillm.kernels.cuda_basics import reduce_sum, vector_add
 from minillm.kernels.cuda_matmul import linear, matmul, matmul_naive, matmul_register_tiled, matmul_tiled
 from minillm.kernels.cuda_ops import embedding, rms_norm, rope, silu, softmax, swiglu
+from minillm.kernels.cuda_paged_attention import paged_attention_decode, paged_attention_prefill
 from minillm.kernels.cuda_quant import dequantize, qembedding, qlinear, qmatvec
 from minillm.kernels.cuda_setup import SIMULATOR, cuda_available
 from minillm.kernels.reference import rope_table  # computed once per model, on the host: not a kernel
@@ -30,6 +32,7 @@ __all__ = [
     # the operator contract, shared with reference.py and cpu.py
     "linear", "matmul", "embedding", "rms_norm", "rope_table", "rope", "silu", "swiglu", "softmax",
     "attention", "attention_decode", "qlinear", "qembedding",
+    "paged_attention_decode", "paged_attention_prefill",
     # the quantized kernels and the teaching kernels of chapter 03
     "qmatvec", "dequantize", "vector_add", "reduce_sum", "matmul_naive", "matmul_tiled",
     "matmul_register_tiled",

@@ -31,46 +31,46 @@ MAX_WARPS = 8  # warps per block
 KEYS_PER_WARP = 16  # launch a warp per this many keys (up to MAX_WARPS): no warp sits idle
 
 
-@cuda.jit
-def attention_kernel(q, k, v, start, scale, out):
-    """q (T, H, Dh); k, v (S, Hkv, Dh) -> out (T, H, Dh). Grid (T, H); blockDim.x = n_warps * 32."""
-    t, h = cuda.blockIdx.x, cuda.blockIdx.y
-    H, Dh = q.shape[1], q.shape[2]
-    kv_head = h // (H // k.shape[1])
-    n_keys = start + t + 1  # causal: keys 0 .. start + t
-    lane, warp = cuda.threadIdx.x % WARP, cuda.threadIdx.x // WARP
-    n_warps = cuda.blockDim.x // WARP
+# -----------------------------------------------------------------------------
+# The three steps of one block's work, as device functions: the paged kernel (cuda_paged_attention.py)
+# runs the same steps and differs only in where it finds key s.
 
-    q_reg = cuda.local.array(DIMS_PER_LANE, float32)  # this lane's share of q (pre-scaled) ...
-    acc = cuda.local.array(DIMS_PER_LANE, float32)  # ... and of the running output
+@cuda.jit(device=True)
+def load_query(q_row, scale, lane, q_reg, acc):
+    """This lane's share of one query head q_row (Dh,), pre-scaled, into q_reg; acc zeroed."""
     for j in range(DIMS_PER_LANE):
         d = lane + j * WARP
-        q_reg[j] = q[t, h, d] * scale if d < Dh else float32(0.0)
+        q_reg[j] = q_row[d] * scale if d < q_row.shape[0] else float32(0.0)
         acc[j] = float32(0.0)
-    m = float32(-math.inf)  # running max of the scores seen
-    l = float32(0.0)  # running sum of exp(score - m)
 
-    for s in range(warp, n_keys, n_warps):
-        partial = float32(0.0)
-        for j in range(DIMS_PER_LANE):
-            d = lane + j * WARP
-            if d < Dh:
-                partial += q_reg[j] * k[s, kv_head, d]
-        score = warp_sum(partial)  # every lane gets q . k_s
-        m_new = max(m, score)
-        correction = math.exp(m - m_new)  # rescales what was accumulated under the old max
-        p = math.exp(score - m_new)
-        l = l * correction + p
-        for j in range(DIMS_PER_LANE):
-            d = lane + j * WARP
-            if d < Dh:
-                acc[j] = acc[j] * correction + p * v[s, kv_head, d]
-        m = m_new
 
-    # Merge the warps: each publishes (m, l, acc); a warp that saw no key has m = -inf, l = 0.
-    warp_m = cuda.shared.array(MAX_WARPS, float32)
-    warp_l = cuda.shared.array(MAX_WARPS, float32)
-    warp_acc = cuda.shared.array((MAX_WARPS, MAX_HEAD_DIM), float32)
+@cuda.jit(device=True)
+def attend_key(q_reg, acc, key, value, m, l, lane):
+    """One warp takes one key: key, value (Dh,). Updates acc in place, returns the new (m, l)."""
+    partial = float32(0.0)
+    for j in range(DIMS_PER_LANE):
+        d = lane + j * WARP
+        if d < key.shape[0]:
+            partial += q_reg[j] * key[d]
+    score = warp_sum(partial)  # every lane gets q . k_s
+    m_new = max(m, score)
+    correction = math.exp(m - m_new)  # rescales what was accumulated under the old max
+    p = math.exp(score - m_new)
+    for j in range(DIMS_PER_LANE):
+        d = lane + j * WARP
+        if d < key.shape[0]:
+            acc[j] = acc[j] * correction + p * value[d]
+    return m_new, l * correction + p
+
+
+@cuda.jit(device=True)
+def merge_warps(m, l, acc, lane, out_row):
+    """Each warp publishes its (m, l, acc); a warp that saw no key has m = -inf, l = 0. -> out_row (Dh,)."""
+    warp, n_warps = cuda.threadIdx.x // WARP, cuda.blockDim.x // WARP
+    Dh = out_row.shape[0]
+    warp_m = cuda.shared.array(MAX_WARPS, float32)  # (n_warps,)
+    warp_l = cuda.shared.array(MAX_WARPS, float32)  # (n_warps,)
+    warp_acc = cuda.shared.array((MAX_WARPS, MAX_HEAD_DIM), float32)  # (n_warps, Dh)
     if lane == 0:
         warp_m[warp] = m
         warp_l[warp] = l
@@ -89,7 +89,26 @@ def attention_kernel(q, k, v, start, scale, out):
             weight = math.exp(warp_m[w] - m_all)  # 0 for a warp without keys
             total_l += warp_l[w] * weight
             total += warp_acc[w, d] * weight
-        out[t, h, d] = total / total_l
+        out_row[d] = total / total_l
+
+
+@cuda.jit
+def attention_kernel(q, k, v, start, scale, out):
+    """q (T, H, Dh); k, v (S, Hkv, Dh) -> out (T, H, Dh). Grid (T, H); blockDim.x = n_warps * 32."""
+    t, h = cuda.blockIdx.x, cuda.blockIdx.y
+    kv_head = h // (q.shape[1] // k.shape[1])
+    n_keys = start + t + 1  # causal: keys 0 .. start + t
+    lane, warp = cuda.threadIdx.x % WARP, cuda.threadIdx.x // WARP
+    n_warps = cuda.blockDim.x // WARP
+
+    q_reg = cuda.local.array(DIMS_PER_LANE, float32)  # (Dh / 32,) this lane's share of q ...
+    acc = cuda.local.array(DIMS_PER_LANE, float32)    # (Dh / 32,) ... and of the running output
+    load_query(q[t, h], scale, lane, q_reg, acc)
+    m = float32(-math.inf)  # running max of the scores seen
+    l = float32(0.0)        # running sum of exp(score - m)
+    for s in range(warp, n_keys, n_warps):
+        m, l = attend_key(q_reg, acc, k[s, kv_head], v[s, kv_head], m, l, lane)
+    merge_warps(m, l, acc, lane, out[t, h])
 
 
 def attention_gpu(q, k, v, start: int, scale: float):

@@ -257,22 +257,22 @@ def _run_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, scale)
     return out
 
 
-def paged_attention_decode(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-                           context_lens: np.ndarray, scale: float | None = None) -> np.ndarray:
-    """Numba version of paged_attention_decode_reference: q (B, H, Dh) -> (B, H, Dh)."""
+def decode_rows(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                context_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check a decode batch q (B, H, Dh) -> block_tables, query_seq (B,), query_keys (B,), the kernel's
+    view of it: query b belongs to sequence b and sees all its keys (the CPU and CUDA kernels share this)."""
     context_lens = np.asarray(context_lens, dtype=np.int64)  # (B,) keys each query sees, its own included
     block_tables = np.asarray(block_tables)                  # (B, max_blocks)
     _check_attention(q, k_cache, v_cache, block_tables, context_lens)
     if len(q) != len(context_lens):
         raise ValueError(f"paged decode: {len(q)} queries for {len(context_lens)} sequences")
-    query_seq = np.arange(len(q))                            # (B,) query b belongs to sequence b
-    return _run_kernel(q, k_cache, v_cache, block_tables, query_seq, context_lens, scale)
+    return block_tables, np.arange(len(q)), context_lens
 
 
-def paged_attention_prefill(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-                            query_starts: np.ndarray, context_lens: np.ndarray,
-                            scale: float | None = None) -> np.ndarray:
-    """Numba version of paged_attention_prefill_reference: q (N, H, Dh) -> (N, H, Dh)."""
+def prefill_rows(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                 query_starts: np.ndarray, context_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check prefill chunks q (N, H, Dh) -> block_tables, query_seq (N,), query_keys (N,): row i belongs to
+    sequence query_seq[i] and, being causal, sees its keys up to its own position."""
     query_starts = np.asarray(query_starts, dtype=np.int64)  # (B+1,)
     context_lens = np.asarray(context_lens, dtype=np.int64)  # (B,) keys cached before the chunk
     block_tables = np.asarray(block_tables)                  # (B, max_blocks)
@@ -281,4 +281,18 @@ def paged_attention_prefill(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
     _check_attention(q, k_cache, v_cache, block_tables, context_lens + query_lens)
     query_seq = np.repeat(np.arange(len(query_lens)), query_lens)  # (N,) the sequence of each query
     positions = context_lens[query_seq] + np.arange(len(q)) - query_starts[query_seq]  # (N,)
-    return _run_kernel(q, k_cache, v_cache, block_tables, query_seq, positions + 1, scale)  # sees keys 0..position
+    return block_tables, query_seq, positions + 1  # sees keys 0..position
+
+
+def paged_attention_decode(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                           context_lens: np.ndarray, scale: float | None = None) -> np.ndarray:
+    """Numba version of paged_attention_decode_reference: q (B, H, Dh) -> (B, H, Dh)."""
+    return _run_kernel(q, k_cache, v_cache, *decode_rows(q, k_cache, v_cache, block_tables, context_lens), scale)
+
+
+def paged_attention_prefill(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                            query_starts: np.ndarray, context_lens: np.ndarray,
+                            scale: float | None = None) -> np.ndarray:
+    """Numba version of paged_attention_prefill_reference: q (N, H, Dh) -> (N, H, Dh)."""
+    rows = prefill_rows(q, k_cache, v_cache, block_tables, query_starts, context_lens)
+    return _run_kernel(q, k_cache, v_cache, *rows, scale)

@@ -13,7 +13,8 @@ its high 4 bits (the two halves of the block, not neighbours).
 Three tiers, as everywhere in minillm:
 - `dequantize_reference` and `qlinear_reference`: NumPy, written to be read - the specification.
 - `dequantize`, `qmatvec`, `qmatmul`, `qembedding`: Numba kernels. Decode is memory-bound, so the
-  matvec reads each packed byte exactly once and never writes fp32 weights anywhere.
+  matvec reads each packed byte exactly once and never writes fp32 weights anywhere; a batch is
+  compute-bound, so `qmatmul` decodes a tile of weights into cache once and reuses it T times.
 - `qlinear`: the dispatch the model calls (see its docstring for the rule).
 
 fp16 scales are converted to fp32 exactly; every dot product accumulates in fp32.
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numba import njit, prange
 
-from minillm.kernels.cpu_matmul import matmul_nt_parallel
+from minillm.kernels.cpu_matmul import matmul_nt_into
 
 # -----------------------------------------------------------------------------------------------
 # The formats
@@ -223,14 +225,21 @@ def _high_nibble(byte):
     return np.float32(np.uint8(byte >> np.uint8(4)))
 
 
+# The loops below run over slices (`nibbles`, `low`, `high`) rather than `range(16)`: a trip count
+# known only at run time goes to LLVM's loop vectoriser, which checks once that `out` and `row`
+# don't overlap and then converts 16 weights per instruction. With a constant 16 the loop is
+# unrolled first into scalar loads and stores that nothing proves independent, so they stay
+# scalar - 2-3x slower (measured on a Q4_1 1536 x 576 matrix: 430 -> 190 us on one core).
+
 @njit(cache=True, inline="always")
 def _decode_row_q8_0(row, out):
     """One row of Q8_0 blocks (uint8) -> out (cols,) float32."""
     for b in range(out.shape[0] // 32):
         o = b * 34
         d = _f16(row[o], row[o + 1])
-        for j in range(32):
-            out[b * 32 + j] = np.float32(np.int8(row[o + 2 + j])) * d  # the byte is an int8
+        quants, dst = row[o + 2:o + 34], out[b * 32:b * 32 + 32]  # (32,) each
+        for j in range(quants.shape[0]):
+            dst[j] = np.float32(np.int8(quants[j])) * d  # the byte is an int8
 
 
 @njit(cache=True, inline="always")
@@ -238,10 +247,11 @@ def _decode_row_q4_0(row, out):
     for b in range(out.shape[0] // 32):
         o = b * 18
         d = _f16(row[o], row[o + 1])
-        for j in range(16):
-            byte = row[o + 2 + j]
-            out[b * 32 + j] = (_low_nibble(byte) - np.float32(8.0)) * d
-            out[b * 32 + j + 16] = (_high_nibble(byte) - np.float32(8.0)) * d
+        nibbles = row[o + 2:o + 18]                                           # (16,)
+        low, high = out[b * 32:b * 32 + 16], out[b * 32 + 16:b * 32 + 32]    # (16,) each
+        for j in range(nibbles.shape[0]):
+            low[j] = (_low_nibble(nibbles[j]) - np.float32(8.0)) * d
+            high[j] = (_high_nibble(nibbles[j]) - np.float32(8.0)) * d
 
 
 @njit(cache=True, inline="always")
@@ -250,10 +260,11 @@ def _decode_row_q4_1(row, out):
         o = b * 20
         d = _f16(row[o], row[o + 1])
         m = _f16(row[o + 2], row[o + 3])
-        for j in range(16):
-            byte = row[o + 4 + j]
-            out[b * 32 + j] = _low_nibble(byte) * d + m
-            out[b * 32 + j + 16] = _high_nibble(byte) * d + m
+        nibbles = row[o + 4:o + 20]                                           # (16,)
+        low, high = out[b * 32:b * 32 + 16], out[b * 32 + 16:b * 32 + 32]    # (16,) each
+        for j in range(nibbles.shape[0]):
+            low[j] = _low_nibble(nibbles[j]) * d + m
+            high[j] = _high_nibble(nibbles[j]) * d + m
 
 
 Q8_0_CODE, Q4_0_CODE, Q4_1_CODE = 0, 1, 2
@@ -386,78 +397,68 @@ def qmatvec(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 
 
 # -----------------------------------------------------------------------------------------------
-# Small-batch matmul: each row of W decoded once, into an L1-sized buffer, and used for all T rows
+# Batched matmul: dequantize a tile of rows into an L2-sized scratch, multiply it by all T rows
+#
+# Each weight is decoded once per call, whatever T is, and then feeds T FMAs from cache, so the
+# decode cost (~0.2 ns a weight) is shared by the batch while the multiply runs at register-tiled
+# matmul speed (cpu_matmul.py). Each parallel task owns one scratch tile for all its row tiles.
+
+TILE_ROWS = 64  # rows of W per tile: 64 x 576 floats = 147 KB, in L2 next to the activations
+
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _qmatmul(code, data, x, out):
+def _qmatmul(code, data, x, out, n_tasks):
     rows, cols = out.shape[1], x.shape[1]
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        w_row = np.empty(cols, dtype=np.float32)  # (cols,) one decoded row, reused for every t
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            _decode_row(code, data[r], w_row)
-            for t in range(x.shape[0]):
-                acc = np.float32(0.0)
-                for k in range(cols):
-                    acc += x[t, k] * w_row[k]
-                out[t, r] = acc
+    n_tiles = (rows + TILE_ROWS - 1) // TILE_ROWS
+    for task in prange(n_tasks):
+        tile = np.empty((TILE_ROWS, cols), dtype=np.float32)  # (TILE_ROWS, cols) this task's scratch
+        for t in range(task * n_tiles // n_tasks, (task + 1) * n_tiles // n_tasks):
+            first, n = t * TILE_ROWS, min(TILE_ROWS, rows - t * TILE_ROWS)
+            for i in range(n):
+                _decode_row(code, data[first + i], tile[i])
+            matmul_nt_into(x, tile[:n], out[:, first:first + n])  # (T, n) = x @ tile.T
 
 
 def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
-    """x (T, cols) -> (T, rows) = x @ W.T for a small batch; the packed weights are read once."""
+    """x (T, cols) -> (T, rows) = x @ W.T; each packed weight is read and decoded once for all T rows."""
     x = _check_input(x, qm, 2)  # (T, cols)
     out = np.empty((x.shape[0], qm.shape[0]), dtype=np.float32)  # (T, rows)
-    _qmatmul(_CODES[qm.qtype], qm.data, x, out)
+    _qmatmul(_CODES[qm.qtype], qm.data, x, out, numba.get_num_threads())
     return out
 
 
 # -----------------------------------------------------------------------------------------------
 # The dispatch the model calls
 
-# Where each path wins, measured on this machine with one thread (microseconds):
+# Where each path wins (benchmarks/quant_matvec.py, "batched"; 2-core Zen 4, two threads, one
+# matrix in cache, microseconds; the committed figures are in benchmarks/results/quant_matvec.json):
 #
-#   Q4_1 1536 x 576       T = 2    4     8    16        Q8_0 49152 x 576    T = 2     4     8     16
-#   qmatvec, row by row      218  434   867  1776        qmatvec, row by row   5125 10424 23430 41320
-#   qmatmul                  497  604   706  1158        qmatmul              15078 17393 24712 31485
-#   dequantize + tiles       644  622   697   843        dequantize + tiles   17141 17023 19730 24815
+#   Q4_1 1536 x 576 (ffn gate/up)   T = 1     2     3     4     8    16    64
+#   qmatvec, row by row                60   113   265   333   640  1336  5626
+#   qmatmul                           148   227   241   164   256   328   798
+#   BLAS on fp32 weights               31   324   274   324   293   414   817
 #
-# The fused matvec is so much faster per row that running it once per row wins up to T = 4,
-# although it reads the weights T times; our qmatmul, which reads them once, only breaks even
-# around T = 8 - its inner loop is a plain dot product, not the matvec's SIMD lanes.
-MATVEC_ROWS_MAX_T = 4
-SMALL_BATCH_MAX_T = 8
-DEQUANT_TILE_ROWS = 128  # rows of W dequantized at a time for the BLAS path (an L2-sized scratch)
-
-
-@njit(cache=True)
-def _dequantize_tile(code, data, first_row, out):
-    """Serial: a 128-row tile decodes in microseconds, less than waking the threads would cost."""
-    for i in range(out.shape[0]):
-        _decode_row(code, data[first_row + i], out[i])
+# The fused matvec streams the packed bytes at memory speed, so running it once per row wins
+# while T is tiny although it reads the weights T times; from T = 4 qmatmul's single decode plus
+# register-tiled FMAs wins, by 7x at T = 64 (142 GFLOP/s, level with BLAS on fp32 weights). T = 3
+# is a toss-up (no full 4 x 4 register tile fits; the ragged edge runs one dot product per output).
+MATVEC_ROWS_MAX_T = 3
 
 
 def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T, choosing the kernel by T:
 
-    - T <= 4 (decode, a few decode streams): `qmatvec` once per row - memory-bound, each call
-      reads the packed bytes once; a row's result does not depend on the other rows.
-    - 4 < T <= 8: `qmatmul`, each weight decoded once and used for all T rows.
-    - T > 8 (prefill, larger decode batches): compute-bound; dequantize W a tile of rows at a time
-      into one scratch buffer and multiply with the register-tiled matmul of cpu_matmul.py. Not
-      BLAS: its thread pool and Numba's would fight over the cores inside a forward (cpu.py).
-    The table above SMALL_BATCH_MAX_T has the measurements behind the thresholds.
+    - T <= MATVEC_ROWS_MAX_T (decode of one or two streams): `qmatvec` once per row. It reads the
+      packed bytes once per row but runs at memory speed; a row's result does not depend on the
+      other rows.
+    - larger T (decode batches, prefill): `qmatmul`, each weight decoded once for all T rows and
+      multiplied with register tiles. Not BLAS: its thread pool and Numba's would fight over the
+      cores inside a forward (cpu.py).
+    The table above MATVEC_ROWS_MAX_T has the measurements behind the threshold.
     """
     x = _check_input(x, qm, 2)  # (T, cols)
-    T, (rows, cols) = x.shape[0], qm.shape
-    if T == 0:
-        return np.empty((0, rows), dtype=np.float32)
-    if T <= MATVEC_ROWS_MAX_T:
+    if x.shape[0] == 0:
+        return np.empty((0, qm.shape[0]), dtype=np.float32)
+    if x.shape[0] <= MATVEC_ROWS_MAX_T:
         return np.stack([qmatvec(row, qm) for row in x])  # (T, rows)
-    if T <= SMALL_BATCH_MAX_T:
-        return qmatmul(x, qm)  # (T, rows)
-    out = np.empty((T, rows), dtype=np.float32)  # (T, rows)
-    scratch = np.empty((min(DEQUANT_TILE_ROWS, rows), cols), dtype=np.float32)  # (tile, cols)
-    for first in range(0, rows, DEQUANT_TILE_ROWS):
-        tile = scratch[: min(DEQUANT_TILE_ROWS, rows - first)]  # (n, cols)
-        _dequantize_tile(_CODES[qm.qtype], qm.data, first, tile)
-        out[:, first:first + tile.shape[0]] = matmul_nt_parallel(x, tile)  # (T, n)
-    return out
+    return qmatmul(x, qm)  # (T, rows)

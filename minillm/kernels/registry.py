@@ -85,15 +85,16 @@ def _build(name: str) -> Backend:
         return Backend(name, _ops_of(reference, qlinear=quant.qlinear_reference, qembedding=qembedding_reference,
                                      paged_attention_decode=paged.paged_attention_decode_reference,
                                      paged_attention_prefill=paged.paged_attention_prefill_reference))
-    # The paged KV cache lives in host memory, so every other backend attends over it with the
-    # Numba paged kernels (a CUDA paged cache would keep its blocks on the device).
-    paged_numba = {"paged_attention_decode": paged.paged_attention_decode,
-                   "paged_attention_prefill": paged.paged_attention_prefill}
     if name == "numba":
         from minillm.kernels import cpu, quant
-        return Backend(name, _ops_of(cpu, qlinear=quant.qlinear, qembedding=quant.qembedding, **paged_numba))
+        return Backend(name, _ops_of(cpu, qlinear=quant.qlinear, qembedding=quant.qembedding,
+                                     paged_attention_decode=paged.paged_attention_decode,
+                                     paged_attention_prefill=paged.paged_attention_prefill))
     if name == "cuda":
-        return Backend(name, _ops_of(_cuda_module(), **paged_numba))
+        # Every operator, paged attention included, from minillm.kernels.cuda. The paged KV cache
+        # lives in host memory, so its paged kernels copy the cache to the device on each call (a
+        # CUDA paged cache would keep its blocks there).
+        return Backend(name, _ops_of(_cuda_module()))
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 

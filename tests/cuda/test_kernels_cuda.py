@@ -225,10 +225,10 @@ def kernel_signatures() -> dict:
     """Each kernel with the argument types its host wrapper launches it with."""
     import numba.cuda.types as t
 
-    from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_quant
+    from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_paged_attention, cuda_quant
 
-    f1, f2, f3 = t.float32[::1], t.float32[:, ::1], t.float32[:, :, ::1]
-    i1, u2, h2 = t.int64[::1], t.uint8[:, ::1], t.float16[:, ::1]
+    f1, f2, f3, f4 = t.float32[::1], t.float32[:, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1]
+    i1, u2, h2, n2 = t.int64[::1], t.uint8[:, ::1], t.float16[:, ::1], t.int32[:, ::1]
     return {
         cuda_basics.vector_add_kernel: (f1, f1, f1),
         cuda_basics.sum_kernel: (f1, f1),
@@ -244,6 +244,7 @@ def kernel_signatures() -> dict:
         cuda_ops.silu_kernel: (f1, f1),
         cuda_ops.swiglu_kernel: (f1, f1, f1),
         cuda_attention.attention_kernel: (f3, f3, f3, t.int64, t.float32, f3),
+        cuda_paged_attention.paged_attention_kernel: (f3, f4, f4, n2, i1, i1, t.float32, f3),
         cuda_quant.qmatvec_kernel: (f2, u2, h2, t.int64, f2),
         cuda_quant.dequantize_kernel: (u2, h2, t.int64, f2),
         cuda_quant.qembedding_kernel: (i1, u2, h2, t.int64, f2),
