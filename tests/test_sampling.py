@@ -97,6 +97,17 @@ def test_top_p_matches_transformers(impl, top_p):
         assert kept(out[row]) == kept(hf(TopPLogitsWarper(top_p=top_p), logits[row]))
 
 
+@pytest.mark.ch06_top_p
+@pytest.mark.parametrize("scale, top_p", [(0.05, 0.9), (3.0, 0.95), (0.5, 0.5)])
+def test_top_p_on_a_real_size_vocabulary_matches_transformers(impl, scale, top_p):
+    """49152 tokens: a flat distribution (the nucleus holds thousands of tokens), a peaked one, between."""
+    g = impl("ch06_generation")
+    logits = np.random.default_rng(int(scale * 100)).normal(scale=scale, size=(2, 49152))
+    out = g.top_p_filter(logits, top_p)
+    for row in range(2):
+        assert kept(out[row]) == kept(hf(TopPLogitsWarper(top_p=top_p), logits[row]))
+
+
 def test_min_p_keeps_tokens_at_least_min_p_times_the_top():
     probs = np.array([[0.5, 0.3, 0.15, 0.05]])
     assert kept(min_p_filter(np.log(probs), np.array([0.2]))[0]) == [0, 1, 2]   # threshold 0.1
