@@ -120,11 +120,11 @@ def attention_gpu(q, k, v, start: int, scale: float):
     return out
 
 
-def _scale(head_dim: int, scale: float | None) -> float:
+def attention_scale(head_dim: int, scale: float | None) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
-def _check_head_dim(head_dim: int) -> None:
+def check_head_dim(head_dim: int) -> None:
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"the CUDA attention kernel holds head_dim <= {MAX_HEAD_DIM}, got {head_dim}")
 
@@ -132,9 +132,9 @@ def _check_head_dim(head_dim: int) -> None:
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float | None = None) -> np.ndarray:
     """Causal GQA: q (T, H, Dh) at positions start.. start+T-1 over k, v (S, Hkv, Dh) -> (T, H, Dh)."""
     check_attention(q, k, v, start)
-    _check_head_dim(q.shape[2])
+    check_head_dim(q.shape[2])
     seen = start + q.shape[0]  # keys past the last query's position are never read: don't copy them
-    out = attention_gpu(to_gpu(q), to_gpu(k[:seen]), to_gpu(v[:seen]), start, _scale(q.shape[2], scale))
+    out = attention_gpu(to_gpu(q), to_gpu(k[:seen]), to_gpu(v[:seen]), start, attention_scale(q.shape[2], scale))
     return out.copy_to_host()
 
 
@@ -144,6 +144,7 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, s
     The same kernel with T = 1: the query at position kv_len - 1 sees keys 0 .. kv_len - 1.
     """
     check_attention_decode(q, k, v, kv_len)
-    _check_head_dim(q.shape[1])
-    out = attention_gpu(to_gpu(q[None]), to_gpu(k[:kv_len]), to_gpu(v[:kv_len]), kv_len - 1, _scale(q.shape[1], scale))
+    check_head_dim(q.shape[1])
+    out = attention_gpu(to_gpu(q[None]), to_gpu(k[:kv_len]), to_gpu(v[:kv_len]), kv_len - 1,
+                        attention_scale(q.shape[1], scale))
     return out.copy_to_host()[0]

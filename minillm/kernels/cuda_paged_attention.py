@@ -45,9 +45,9 @@ from minillm.kernels.cuda_attention import (
     DIMS_PER_LANE,
     KEYS_PER_WARP,
     MAX_WARPS,
-    _check_head_dim,
-    _scale,
     attend_key,
+    attention_scale,
+    check_head_dim,
     load_query,
     merge_warps,
 )
@@ -95,10 +95,10 @@ def paged_attention_gpu(q, k_cache, v_cache, block_tables, query_seq, query_keys
 
 def _run(q, k_cache, v_cache, block_tables, query_seq, query_keys, scale):
     """Copy to the device, launch, copy back. query_seq, query_keys (N,) host arrays."""
-    _check_head_dim(q.shape[2])
+    check_head_dim(q.shape[2])
     out = paged_attention_gpu(to_gpu(q), to_gpu(k_cache), to_gpu(v_cache), to_gpu(block_tables, np.int32),
                               to_gpu(query_seq, np.int64), to_gpu(query_keys, np.int64), int(query_keys.max()),
-                              _scale(q.shape[2], scale))  # (N, H, Dh) device array
+                              attention_scale(q.shape[2], scale))  # (N, H, Dh) device array
     return out.copy_to_host()
 
 
