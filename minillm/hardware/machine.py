@@ -90,6 +90,56 @@ def describe_machine() -> Machine:
     )
 
 
+# LLVM CPU names whose widest vectors are 512 bits (AVX-512). Numba's code for any other x86 name
+# uses 256-bit AVX2 at most (128-bit SSE for CPUs older than Haswell, which this course ignores).
+AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+               "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+               "graniterapids", "graniterapids-d", "diamondrapids", "znver4", "znver5", "x86-64-v4")
+
+
+@dataclass(frozen=True)
+class CompileTarget:
+    """The CPU Numba generates code for: the host, unless ``NUMBA_CPU_NAME`` names another one.
+
+    ``NUMBA_CPU_NAME=haswell`` (or ``znver3``) on an AVX-512 machine compiles AVX2 code, so both
+    code paths can be measured on one host; every benchmark result records which one ran.
+    """
+    cpu_name: str                # LLVM's name for the target CPU
+    overridden: bool             # True when NUMBA_CPU_NAME chose it (not the host)
+    vector_bits: int             # widest SIMD register the generated code may use: 128, 256, 512
+    vnni: bool                   # int8 dot-product instructions (AVX512-VNNI or AVX-VNNI)
+
+    @property
+    def isa(self) -> str:
+        """A short label for result files: "avx512", "avx2", "neon" or "sse"."""
+        if platform.machine() in ("arm64", "aarch64"):
+            return "neon"
+        return {512: "avx512", 256: "avx2"}.get(self.vector_bits, "sse")
+
+
+def compile_target() -> CompileTarget:
+    """What Numba compiles for in this process (read from numba's config, as Numba itself does)."""
+    from numba.core import config
+
+    host = llvm.get_host_cpu_name()
+    name = config.CPU_NAME or host
+    overridden = name != host
+    if overridden:
+        wide = name in AVX512_CPUS
+        avx2 = wide or name not in ("x86-64", "x86-64-v2", "nehalem", "westmere", "sandybridge", "ivybridge")
+        vnni = name in AVX512_CPUS[1:] and name not in ("cannonlake", "skylake-avx512")
+    else:
+        simd = set(_simd_features())
+        wide, avx2 = "avx512f" in simd, "avx2" in simd
+        host_features = {n for n, on in _host_features().items() if on}
+        vnni = "avx512vnni" in host_features or "avxvnni" in host_features
+    if platform.machine() in ("arm64", "aarch64"):
+        bits = 128
+    else:
+        bits = 512 if wide else 256 if avx2 else 128
+    return CompileTarget(cpu_name=name, overridden=overridden, vector_bits=bits, vnni=vnni)
+
+
 def package_versions() -> dict[str, str]:
     """Versions of Python and of the numerical packages that are installed (absent ones left out).
 
@@ -180,11 +230,15 @@ def _caches() -> tuple[CacheLevel, ...]:
     return tuple(CacheLevel(level, kind, int(size), 1) for key, level, kind in sizes if (size := _sysctl(key)))
 
 
-def _simd_features() -> tuple[str, ...]:
+def _host_features() -> dict[str, bool]:
     try:
-        host = {name for name, enabled in llvm.get_host_cpu_features().items() if enabled}
+        return dict(llvm.get_host_cpu_features())
     except RuntimeError:   # LLVM cannot query some hosts; report no extension rather than guess
-        host = set()
+        return {}
+
+
+def _simd_features() -> tuple[str, ...]:
+    host = {name for name, enabled in _host_features().items() if enabled}
     if platform.machine() in ("arm64", "aarch64"):
         host.add("neon")   # mandatory on 64-bit Arm; LLVM does not always list it
     return tuple(feature for feature in SIMD_FEATURES if feature in host)
