@@ -1,343 +1,190 @@
-"""Single-stream decode and prefill: minillm against transformers and llama.cpp, one GGUF file, one run.
+"""Single-stream decode and prefill: minillm against transformers and llama.cpp, each in a process of its own.
 
-    .venv/bin/python benchmarks/decode.py             # the full run (several minutes)
-    .venv/bin/python benchmarks/decode.py --quick     # a smoke run: fewer tokens and repetitions
-    .venv/bin/python benchmarks/decode.py --profile   # where one minillm decode step spends its time
+    .venv/bin/python benchmarks/decode.py                       # the full run, both code paths (~10 minutes)
+    .venv/bin/python benchmarks/decode.py --quick --out /tmp/b  # a smoke run, to /tmp/b/decode.json
+    .venv/bin/python benchmarks/decode.py --isa avx2            # one code path only
+    .venv/bin/python benchmarks/decode.py --modes fp32,int8     # minillm's activation modes, side by side
+    .venv/bin/python benchmarks/decode.py --profile [--isa avx2] [--quick]   # one minillm decode step, op by op
 
-Contenders, all on the same file (SmolLM2-135M-Instruct Q4_1) with the same threads (physical cores):
-- minillm: ``Generation`` (the chapter 06 loop: packed Q4_1/Q8_0 weights, Numba kernels);
-- transformers: ``AutoModelForCausalLM`` loaded from the GGUF (dequantized to fp32), PyTorch eager,
-  ``torch.set_num_threads(cores)``, a plain loop passing its KV ``cache`` along, with ``logits_to_keep=1``;
-- llama.cpp: ``llama_cpp.Llama`` (its own quantized kernels), ``eval`` one token at a time.
-Every contender decodes greedily from the same token ids and never stops at eos, so each produces
-exactly the same number of tokens.
+Contenders, all on the same file (SmolLM2-135M-Instruct Q4_1), each in a worker process of its own with
+the same threads (``common.py`` says why, and how the workers are driven):
+- minillm: ``minillm.LLM(model).generate`` (the engine users run) - once per ``--modes`` entry; a mode
+  ``LLM`` rejects is skipped with its message;
+- transformers: the GGUF dequantized to fp32, PyTorch eager, a plain loop passing its KV cache along;
+- llama.cpp: ``llama_cpp.Llama``, one token per ``eval``.
+Every contender decodes greedily from the same token ids and never stops at eos.
 
-Two measurements, interleaved (A, B, C, A, B, C, ...) so that a noisy moment hurts all alike:
-- decode: a 20-token prompt, 128 new tokens; tokens/s = 127 / (time from the first token to the
-  last), i.e. 1 / TPOT;
-- prefill: a 512-token prompt, one new token; tokens/s = 512 / time to first token.
-Reported: medians over the repetitions, the ratios minillm / transformers and minillm / llama.cpp
-(> 1: minillm is faster), and the bandwidth ceiling of decode on this machine: measured DRAM read
-bandwidth / bytes of weights read per token (~96 MB). Results: benchmarks/results/decode.json.
-A peer that is not installed is skipped with a message (llama.cpp: ``make bench-peers``).
+The protocol (/work/shared/REFERENCE.md, "Engine benchmark protocol"), per repeat and contender, the
+contenders rotating A, B, C, A, B, C ... with a pause between turns, fresh random prompts each repeat
+(the same for every contender) so that no prefix cache helps:
+- decode tok/s = 127 / (t(128 new tokens) - t(1 new token)), both after a 20-token prompt;
+- prefill tok/s = 512 / t(1 new token after a 512-token prompt).
+Reported: the median over the repeats and every repeat, per (isa, engine, mode); ratios minillm / each
+peer (> 1: minillm is faster); how many greedy tokens each contender shares with minillm fp32; and the
+decode ceiling: DRAM read bandwidth / bytes of weights read per token (~96 MB).
 
-Threads: every contender gets min(physical cores, NUMBA_NUM_THREADS). On a busy machine, where a
-thread that waits at a barrier may not get its core back for milliseconds, compare one core each:
-``NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/decode.py``.
+Code paths (``--isa``, default both, one after the other): "native" is everything this CPU has
+(AVX-512 and VNNI here); "avx2" runs minillm with ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""``, torch with
+``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``, llama.cpp from its AVX2-only build.
+Peers (compiled from source, ~9 minutes each): ``benchmarks/build_peers.sh native`` (the same as
+``make bench-peers``) and ``benchmarks/build_peers.sh avx2``. A peer that is missing, or a build that
+runs other code than asked, is skipped with a message.
 
-``--profile`` runs decode steps on a model built from the same weights with a timing proxy around
-every kernel op (no kernel is edited), and splits the step into operator families: the quantized
-matvecs by weight kind, the LM head, attention, RMSNorm, RoPE, SwiGLU, the KV-cache write, sampling
-and the rest (Python glue). Results: benchmarks/results/decode_profile.json.
+Threads: every contender gets min(physical cores, NUMBA_NUM_THREADS). On a busy machine compare one
+core each: ``NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/decode.py``.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import subprocess
+import sys
 import time
-from collections import defaultdict
+from pathlib import Path
 
-import numba
 import numpy as np
-from common import load_transformers_model, save_result
+from common import (BENCHMARKS, ISA_ENV, LLAMA_CPP, RESULTS, SETTLE_SECONDS, TRANSFORMERS, contender_env,
+                    default_threads, interleaved, minillm, random_prompt, ratios, save_result, start_workers,
+                    summarize)
 
-from minillm.generation.generate import Generation, decode_step, prefill
-from minillm.generation.sampling import Sampler, SamplingParams, SamplingState
-from minillm.generation.tokenizer import Tokenizer
-from minillm.hardware.machine import describe_machine
-from minillm.hardware.microbench import MIB, measure_bandwidth
-from minillm.kernels.registry import OPS, Backend
-from minillm.model.fetch import cached_model_path, fetch
-from minillm.model.loader import load_model
-from minillm.model.transformer import Model
-
-SETTLE_SECONDS = 0.5  # between contenders: PyTorch's and llama.cpp's threads spin for a while after a call
-TEXT = ("The history of computing is a story of machines that got faster by moving data less. Early "
-        "computers read every operand from slow memory; caches, pipelines and vector units followed. "
-        "Large language models bring the question back: to write one word, a model reads all of its "
-        "weights once, so the speed of memory, not of arithmetic, sets the pace. ")
+PROMPT_TOKENS = 20
 
 
-# -----------------------------------------------------------------------------------------------
-# The contenders: decode(prompt, n) -> (token ids, seconds per token after the first);
-# prefill(prompt) -> seconds to the first token
-
-class Minillm:
-    name = "minillm"
-
-    def __init__(self, path, threads):
-        numba.set_num_threads(threads)
-        self.model, self.tokenizer = load_model(path), Tokenizer.from_gguf(path)
-
-    def _generate(self, prompt, n):
-        g = Generation(self.model, self.tokenizer, prompt, SamplingParams(temperature=0.0, max_tokens=n,
-                                                                           ignore_eos=True))
-        return g.run().token_ids, g.timings()
-
-    def decode(self, prompt, n):
-        ids, timings = self._generate(prompt, n)
-        return ids, timings.tpot_s
-
-    def prefill(self, prompt):
-        return self._generate(prompt, 1)[1].ttft_s
+def decode_tokens_per_s(new_tokens: int, one: float, many: float) -> float:
+    """The tokens after the first over their time: t(1 new) cancels the prefill and the call's overhead."""
+    return (new_tokens - 1) / (many - one)
 
 
-class Transformers:
-    name = "transformers"
+def prefill_tokens_per_s(prompt_tokens: int, first: float) -> float:
+    return prompt_tokens / first
 
-    def __init__(self, path, threads):
-        self.torch, self.model = load_transformers_model(path, threads)
-
-    def _first(self, prompt):
-        out = self.model(self.torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-        return out, out.logits[0, -1].argmax()
-
-    def decode(self, prompt, n):
-        with self.torch.inference_mode():
-            out, token = self._first(prompt)
-            ids, first = [int(token)], time.perf_counter()
-            for _ in range(n - 1):
-                out = self.model(token.view(1, 1), cache=out.cache, use_cache=True)
-                token = out.logits[0, -1].argmax()
-                ids.append(int(token))
-            return ids, (time.perf_counter() - first) / (n - 1)
-
-    def prefill(self, prompt):
-        with self.torch.inference_mode():
-            start = time.perf_counter()
-            self._first(prompt)
-            return time.perf_counter() - start
-
-
-class LlamaCpp:
-    name = "llama.cpp"
-
-    def __init__(self, path, threads):
-        import llama_cpp
-
-        self.llama_cpp = llama_cpp
-        self.llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
-                                   verbose=False)
-
-    def _next(self, tokens):
-        """Evaluate tokens after what the context holds; the argmax of the last one's logits.
-
-        ``Llama.eval`` keeps no logits unless built with logits_all (which would compute the LM head
-        for every prompt token): read the last row straight from the llama.cpp context.
-        """
-        self.llm.eval(tokens)
-        last = self.llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
-        return int(np.argmax(np.ctypeslib.as_array(last, shape=(self.llm.n_vocab(),))))
-
-    def decode(self, prompt, n):
-        self.llm.reset()  # forget the previous sequence; eval overwrites its KV entries
-        ids = [self._next(prompt)]
-        first = time.perf_counter()
-        for _ in range(n - 1):
-            ids.append(self._next([ids[-1]]))
-        return ids, (time.perf_counter() - first) / (n - 1)
-
-    def prefill(self, prompt):
-        self.llm.reset()
-        start = time.perf_counter()
-        self._next(prompt)
-        return time.perf_counter() - start
-
-
-CONTENDERS = (Minillm, Transformers, LlamaCpp)
-
-
-def load_contenders(path, threads):
-    """Every contender that loads; a missing peer is skipped with a message."""
-    loaded = []
-    for cls in CONTENDERS:
-        try:
-            loaded.append(cls(path, threads))
-        except ImportError as err:
-            print(f"skipping {cls.name}: {err} (install the peers with `make bench-peers`)")
-    return loaded
-
-
-# -----------------------------------------------------------------------------------------------
-# Prompts and the bandwidth ceiling
-
-def prompt_ids(tokenizer: Tokenizer, n: int) -> list[int]:
-    """The first n tokens of TEXT, repeated as often as needed."""
-    ids = tokenizer.encode(TEXT)
-    return (ids * (n // len(ids) + 1))[:n]
-
-
-def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights a decode step reads: every layer, the final norm and the LM head (the embedding
-    lookup reads one row only). Packed bytes for quantized weights."""
-    w = model.weights
-    arrays = [w.final_norm, w.lm_head, *(a for layer in w.layers for a in vars(layer).values() if a is not None)]
-    return sum(a.nbytes for a in arrays)
-
-
-def dram_read_gbs() -> float:
-    """Best read bandwidth over a 512 MiB working set, far past any cache (minillm.hardware.microbench)."""
-    return measure_bandwidth("read", 512 * MIB, repeats=5).bandwidth_gbs
-
-
-# -----------------------------------------------------------------------------------------------
-# The side-by-side run
 
 def leading_agreement(a: list[int], b: list[int]) -> int:
     """How many tokens two greedy continuations share before they first differ."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def run_isa(isa: str, modes: list[str], threads: int, new_tokens: int, prefill_tokens: int, repeats: int) -> dict:
+    """One fair run on one code path -> the entries of decode.json and minillm's bytes per token."""
+    contenders = [minillm(mode) for mode in modes] + [TRANSFORMERS, LLAMA_CPP]
+    workers = {w.name: w for w in start_workers(contenders, isa, threads)}
+    print(f"[{isa}] {', '.join(workers)}: {threads} threads; decode: {PROMPT_TOKENS}-token prompt, 1 and "
+          f"{new_tokens} new tokens; prefill: {prefill_tokens} tokens; {repeats} repeats, interleaved")
+    rng = np.random.default_rng(0)
+    for worker in workers.values():  # warm-up: compile, page the weights in, wake the thread pools
+        worker.call("generate", prompt=random_prompt(rng, PROMPT_TOKENS), new_tokens=4)
+        worker.call("generate", prompt=random_prompt(rng, prefill_tokens), new_tokens=1)
+    prompts = [{kind: random_prompt(rng, length) for kind, length in
+                (("one", PROMPT_TOKENS), ("many", PROMPT_TOKENS), ("prefill", prefill_tokens))} for _ in range(repeats)]
+    decode, prefill, tokens = {n: [] for n in workers}, {n: [] for n in workers}, {}
+    for repeat, name in interleaved(list(workers), repeats):
+        time.sleep(SETTLE_SECONDS)
+        worker, p = workers[name], prompts[repeat]
+        _, one = worker.call("generate", prompt=p["one"], new_tokens=1)
+        tokens[name], many = worker.call("generate", prompt=p["many"], new_tokens=new_tokens)
+        _, first = worker.call("generate", prompt=p["prefill"], new_tokens=1)
+        if len(tokens[name]) != new_tokens:
+            raise RuntimeError(f"{name} generated {len(tokens[name])} tokens, not {new_tokens}")
+        decode[name].append(decode_tokens_per_s(new_tokens, one, many))
+        prefill[name].append(prefill_tokens_per_s(prefill_tokens, first))
+        if name == list(workers)[-1]:
+            print(f"  repeat {repeat + 1}/{repeats}: decode " + ", ".join(f"{n} {d[-1]:.1f}" for n, d in decode.items())
+                  + " tok/s")
+    bytes_per_token = next((w.call("weight_bytes_per_token")[0] for n, w in workers.items() if n.startswith("minillm")),
+                           None)
+    for worker in workers.values():
+        worker.close()
+
+    entries = []
+    reference = tokens.get("minillm fp32")
+    for name, worker in workers.items():
+        engine, _, mode = name.partition(" ")
+        entries.append({"isa": isa, "engine": engine, "mode": mode or None, "stamp": worker.stamp,
+                        "decode_tokens_per_s": summarize(decode[name]),
+                        "prefill_tokens_per_s": summarize(prefill[name]),
+                        "greedy_tokens_equal_to_minillm_fp32": None if reference is None
+                        else leading_agreement(tokens[name], reference)})
+    medians = {kind: {name: entry[f"{kind}_tokens_per_s"]["median"] for name, entry in zip(workers, entries)}
+               for kind in ("decode", "prefill")}
+    for name, entry in zip(workers, entries):
+        if entry["engine"] == "minillm":
+            entry["ratios"] = {kind: {peer: r for peer, r in ratios(m, name).items() if not peer.startswith("minillm")}
+                               for kind, m in medians.items()}
+    return {"entries": entries, "weight_bytes_per_token": bytes_per_token}
+
+
+def print_table(entries: list[dict]) -> None:
+    print(f"\n{'isa':<8}{'engine':<14}{'mode':<6}{'decode tok/s':>13}{'prefill tok/s':>15}   ratios minillm / peer "
+          f"(decode, prefill)")
+    for e in entries:
+        ratio = "  ".join(f"{peer} {d:.2f}x, {e['ratios']['prefill'][peer]:.2f}x"
+                          for peer, d in e.get("ratios", {}).get("decode", {}).items())
+        print(f"{e['isa']:<8}{e['engine']:<14}{e['mode'] or '':<6}{e['decode_tokens_per_s']['median']:>13.1f}"
+              f"{e['prefill_tokens_per_s']['median']:>15.1f}   {ratio}")
+
+
+def dram_read_gbs() -> float:
+    """Best read bandwidth over a 512 MiB working set, far past any cache (after every contender has exited)."""
+    from minillm.hardware.microbench import MIB, measure_bandwidth
+
+    return measure_bandwidth("read", 512 * MIB, repeats=5).bandwidth_gbs
+
+
 def side_by_side(args) -> None:
-    path = cached_model_path() or fetch()
-    cores = min(describe_machine().cores, numba.config.NUMBA_NUM_THREADS)
-    contenders = load_contenders(path, cores)
-    minillm = contenders[0]
-    n_new, prefill_len, reps = (32, 128, 2) if args.quick else (128, 512, 5)
-    short, long = prompt_ids(minillm.tokenizer, 20), prompt_ids(minillm.tokenizer, prefill_len)
-    print(f"{', '.join(c.name for c in contenders)} on {path.name}, {cores} threads; decode: 20-token prompt, "
-          f"{n_new} new tokens; prefill: {prefill_len} tokens; {reps} repetitions, interleaved")
+    from minillm.model.fetch import cached_model_path, fetch
 
-    for c in contenders:  # warm-up: compile, page the weights in, wake the thread pools
-        c.decode(short, 4)
-        c.prefill(long)
-    decode_s, prefill_s, tokens = defaultdict(list), defaultdict(list), {}
-    for rep in range(reps):
-        for c in contenders:
-            time.sleep(SETTLE_SECONDS)
-            tokens[c.name], seconds = c.decode(short, n_new)
-            if len(tokens[c.name]) != n_new:
-                raise RuntimeError(f"{c.name} generated {len(tokens[c.name])} tokens, not {n_new}")
-            decode_s[c.name].append(seconds)
-        for c in contenders:
-            time.sleep(SETTLE_SECONDS)
-            prefill_s[c.name].append(c.prefill(long))
-        print(f"  repetition {rep + 1}/{reps}: decode " + ", ".join(
-            f"{name} {1 / s[-1]:.1f}" for name, s in decode_s.items()) + " tok/s")
-
-    bytes_per_token = weight_bytes_per_token(minillm.model)
-    bandwidth = dram_read_gbs()
-    results = {"quick": args.quick, "model": path.name, "threads": cores, "repetitions": reps,
-               "decode": {"prompt_tokens": 20, "new_tokens": n_new}, "prefill": {"prompt_tokens": prefill_len},
-               "weight_bytes_per_token": bytes_per_token, "dram_read_gbs": bandwidth,
-               "decode_ceiling_tokens_per_s": bandwidth * 1e9 / bytes_per_token, "engines": {}}
-    for c in contenders:
-        results["engines"][c.name] = {
-            "decode_tokens_per_s": statistics.median(1 / s for s in decode_s[c.name]),
-            "prefill_tokens_per_s": statistics.median(prefill_len / s for s in prefill_s[c.name]),
-            "decode_tokens_per_s_all": [1 / s for s in decode_s[c.name]],
-            "prefill_tokens_per_s_all": [prefill_len / s for s in prefill_s[c.name]],
-            "greedy_tokens_equal_to_minillm": leading_agreement(tokens[c.name], tokens["minillm"]),
-        }
-    ours = results["engines"]["minillm"]
-    for name, peer in results["engines"].items():
-        if name != "minillm":
-            for kind in ("decode", "prefill"):
-                key = f"{kind}_tokens_per_s"
-                results[f"{kind}_ratio_minillm_over_{name}"] = ours[key] / peer[key]
-
-    print(f"\n{'engine':<14}{'decode tok/s':>14}{'prefill tok/s':>15}{'minillm / it (decode, prefill)':>34}"
-          f"{'same greedy tokens':>20}")
-    for name, r in results["engines"].items():
-        ratio = (f"{ours['decode_tokens_per_s'] / r['decode_tokens_per_s']:.2f}x, "
-                 f"{ours['prefill_tokens_per_s'] / r['prefill_tokens_per_s']:.2f}x") if name != "minillm" else ""
-        print(f"{name:<14}{r['decode_tokens_per_s']:>14.1f}{r['prefill_tokens_per_s']:>15.1f}{ratio:>34}"
-              f"{r['greedy_tokens_equal_to_minillm']:>13}/{n_new}")
-    print(f"decode ceiling: {bandwidth:.1f} GB/s DRAM read / {bytes_per_token / 1e6:.1f} MB per token "
-          f"= {results['decode_ceiling_tokens_per_s']:.0f} tok/s; minillm reaches "
-          f"{ours['decode_tokens_per_s'] / results['decode_ceiling_tokens_per_s']:.0%} of it")
-    save_result("decode", results)
-
-
-# -----------------------------------------------------------------------------------------------
-# --profile: one decode step, operator by operator
-
-def weight_kinds(model: Model) -> dict[int, str]:
-    """id(weight) -> the family its matvec is counted in."""
-    kinds = {id(model.weights.lm_head): "LM head"}
-    names = {"wq": "qkv proj", "wk": "qkv proj", "wv": "qkv proj", "wo": "attn output proj",
-             "w_gate": "ffn gate/up", "w_up": "ffn gate/up", "w_down": "ffn down"}
-    for layer in model.weights.layers:
-        for field, kind in names.items():
-            kinds[id(getattr(layer, field))] = kind
-    return kinds
-
-
-class OpTimer:
-    """Seconds per operator family, accumulated by wrappers around a backend's ops."""
-
-    FAMILIES = {"rms_norm": "rms_norm", "rope": "rope", "swiglu": "swiglu", "silu": "swiglu",
-                "attention": "attention", "attention_decode": "attention", "softmax": "attention",
-                "embedding": "embedding", "qembedding": "embedding", "matmul": "matmul"}
-
-    def __init__(self, model: Model):
-        self.kinds = weight_kinds(model)
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    def wrap(self, op: str, fn):
-        def timed(*args):
-            start = time.perf_counter()
-            out = fn(*args)
-            self.seconds[self.family(op, args)] += time.perf_counter() - start
-            return out
-        return timed
-
-    def family(self, op: str, args) -> str:
-        if op in ("linear", "qlinear"):  # args = (x, weight): which weight it is names the family
-            return self.kinds.get(id(args[1]), "other linear")
-        return self.FAMILIES.get(op, op)
-
-    def backend(self, ops: Backend) -> Backend:
-        """A backend whose every op is ``ops``' op, timed (rope_table too: it runs once, at build)."""
-        return Backend(f"timed {ops.name}", {op: self.wrap(op, getattr(ops, op)) for op in OPS})
+    model = cached_model_path() or fetch()
+    threads = default_threads()
+    new_tokens, prefill_tokens, repeats = (32, 128, 3) if args.quick else (128, 512, 5)
+    entries, bytes_per_token = [], None
+    for isa in args.isa:
+        run = run_isa(isa, args.modes, threads, new_tokens, prefill_tokens, repeats)
+        entries += run["entries"]
+        bytes_per_token = bytes_per_token or run["weight_bytes_per_token"]
+    print_table(entries)
+    results = {"quick": args.quick, "model": model.name, "threads": threads, "repeats": repeats,
+               "protocol": {"decode": f"{new_tokens - 1} / (t({new_tokens} new) - t(1 new)) after a "
+                                      f"{PROMPT_TOKENS}-token prompt",
+                            "prefill": f"{prefill_tokens} / t(1 new after a {prefill_tokens}-token prompt)",
+                            "prompts": "random token ids, fresh each repeat, the same for every contender"},
+               "entries": entries}
+    if bytes_per_token:
+        bandwidth = dram_read_gbs()
+        results |= {"weight_bytes_per_token": bytes_per_token, "dram_read_gbs": bandwidth,
+                    "decode_ceiling_tokens_per_s": bandwidth * 1e9 / bytes_per_token}
+        print(f"decode ceiling: {bandwidth:.1f} GB/s DRAM read / {bytes_per_token / 1e6:.1f} MB per token "
+              f"= {results['decode_ceiling_tokens_per_s']:.0f} tok/s")
+    save_result("decode", results, args.out)
 
 
 def profile(args) -> None:
-    path = cached_model_path() or fetch()
-    numba.set_num_threads(min(describe_machine().cores, numba.config.NUMBA_NUM_THREADS))
-    model, tokenizer = load_model(path), Tokenizer.from_gguf(path)
-    steps = 16 if args.quick else 64
-    prompt = prompt_ids(tokenizer, 20)
-    params = SamplingParams(temperature=0.8, top_p=0.95, seed=0, max_tokens=steps)  # a usual chat setting
-    timer = OpTimer(model)
-    timed_model = Model(model.config, model.weights, timer.backend(model.ops))
+    """decode_profile.py in a process set up as minillm's contender is (threads, code path); one file per
+    code path: decode_profile.json (native), decode_profile_avx2.json."""
+    for isa in args.isa:
+        command = [sys.executable, str(BENCHMARKS / "decode_profile.py"), "--out", str(args.out),
+                   "--name", "decode_profile" if isa == "native" else f"decode_profile_{isa}",
+                   *(["--quick"] if args.quick else [])]
+        subprocess.run(command, env=contender_env(isa, default_threads()), check=True)
 
-    def run(m: Model, measured: bool) -> float:
-        """Seconds per decode step of `steps` steps after a prefill (sampling included)."""
-        cache = m.new_cache(n_slots=1, max_len=len(prompt) + steps + 1)
-        if measured:
-            cache.write = timer.wrap("kv-cache write", cache.write)
-        sampler, state = Sampler(), SamplingState(params, prompt)
-        token = int(np.argmax(prefill(m, cache, prompt)))
-        timer.seconds.clear()
-        start = time.perf_counter()
-        for position in range(len(prompt), len(prompt) + steps):
-            logits = decode_step(m, cache, token, position)                 # (V,)
-            t = time.perf_counter()
-            token = int(sampler.sample(logits[None], [state]).token_ids[0])
-            timer.seconds["sampling"] += time.perf_counter() - t
-            state.output_ids.append(token)
-        return (time.perf_counter() - start) / steps
 
-    run(model, measured=False)                        # warm-up: compile every kernel
-    plain = statistics.median(run(model, measured=False) for _ in range(3))
-    step = run(timed_model, measured=True)
-    per_step = {family: s / steps for family, s in timer.seconds.items()}
-    per_step["other (Python glue)"] = step - sum(per_step.values())
-    print(f"one decode step of {model} at positions {len(prompt)}..{len(prompt) + steps - 1}: {step * 1e3:.2f} ms "
-          f"instrumented, {plain * 1e3:.2f} ms plain (median of 3 runs of {steps} steps)")
-    print(f"{'family':<22}{'ms/step':>9}{'share':>8}")
-    for family, s in sorted(per_step.items(), key=lambda kv: -kv[1]):
-        print(f"{family:<22}{s * 1e3:>9.3f}{s / step:>8.1%}")
-    save_result("decode_profile", {"quick": args.quick, "model": path.name, "steps": steps,
-                                   "threads": numba.get_num_threads(), "sampling": "temperature 0.8, top_p 0.95",
-                                   "step_ms_instrumented": step * 1e3, "step_ms_plain": plain * 1e3,
-                                   "ms_per_step": {f: s * 1e3 for f, s in per_step.items()}})
+def comma_list(choices=None):
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        unknown = [item for item in items if choices is not None and item not in choices]
+        if not items or unknown:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices or ['names'])}; "
+                                             f"got {text!r}")
+        return items
+    return parse
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer tokens and repetitions")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 32 new tokens, 128-token prefill, 3 repeats")
+    parser.add_argument("--isa", type=comma_list(ISA_ENV), default=["native", "avx2"],
+                        help="code paths, one fair run each (default: native,avx2)")
+    parser.add_argument("--modes", type=comma_list(), default=["fp32"],
+                        help="minillm activation modes, e.g. fp32,int8 (default: fp32)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for decode.json (default: benchmarks/results)")
     parser.add_argument("--profile", action="store_true", help="time each operator family of a minillm decode step")
     args = parser.parse_args()
     if args.profile:

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numba
 import numpy as np
-from common import save_result
+from common import save_result, seconds_per_call
 
 from minillm.generation.chat import render_chat
 from minillm.generation.sampling import SamplingParams
@@ -104,22 +103,6 @@ def bench_ttft(model, tokenizer, reps: int) -> dict:
 # -----------------------------------------------------------------------------
 # 2. paged vs contiguous decode attention
 
-def median_seconds(fn, reps: int, min_sample_s: float) -> float:
-    fn()  # compile, warm the caches
-    start, calls = time.perf_counter(), 0
-    while time.perf_counter() - start < min_sample_s / 10 or calls < 3:
-        fn()
-        calls += 1
-    per_sample = max(1, int(min_sample_s / ((time.perf_counter() - start) / calls)))
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(per_sample):
-            fn()
-        samples.append((time.perf_counter() - start) / per_sample)
-    return statistics.median(samples)
-
-
 def bench_attention(batch: int, reps: int, min_sample_s: float, n_heads=9, n_kv_heads=3, head_dim=64) -> dict:
     rng = np.random.default_rng(0)
     blocks_per_seq = CONTEXT // BLOCK_SIZE
@@ -140,8 +123,8 @@ def bench_attention(batch: int, reps: int, min_sample_s: float, n_heads=9, n_kv_
         return np.stack([cpu.attention_decode(q[b], k_rows[b], v_rows[b], CONTEXT) for b in range(batch)])
 
     np.testing.assert_allclose(paged(), contiguous(), rtol=1e-4, atol=1e-5)  # the same attention
-    paged_s = median_seconds(paged, reps, min_sample_s)
-    contiguous_s = median_seconds(contiguous, reps, min_sample_s)
+    paged_s = statistics.median(seconds_per_call(paged, reps, min_sample_s))
+    contiguous_s = statistics.median(seconds_per_call(contiguous, reps, min_sample_s))
     return {"batch": batch, "context": CONTEXT, "block_size": BLOCK_SIZE, "paged_us": paged_s * 1e6,
             "contiguous_us": contiguous_s * 1e6, "paged_over_contiguous": paged_s / contiguous_s}
 

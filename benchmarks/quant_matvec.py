@@ -3,10 +3,13 @@
     .venv/bin/python benchmarks/quant_matvec.py            # the full run (about a minute)
     .venv/bin/python benchmarks/quant_matvec.py --quick    # a smoke run (fewer repetitions, fewer copies)
 
-Contenders, one process, one after the other:
-- qmatvec: minillm.kernels.quant.qmatvec on the packed blocks (Q4_1 layers, the Q8_0 LM head);
-- numba fp32: minillm.kernels.cpu.linear at T == 1 (our fp32 matvec) on the dequantized weights;
-- BLAS gemv: NumPy's w @ x on the same fp32 weights.
+Contenders, in two worker processes (benchmarks/common.py) with the same threads, so that OpenBLAS's
+spinning threads never share a process with Numba's; the two take turns case by case, three times
+(A, B, A, B, A, B), and the median of the three is reported:
+- minillm's process: qmatvec (minillm.kernels.quant.qmatvec on the packed blocks, Q4_1 layers, the
+  Q8_0 LM head) and numba fp32 (minillm.kernels.cpu.linear at T == 1, our fp32 matvec, on the
+  dequantized weights);
+- the BLAS process: NumPy's w @ x on the same fp32 weights (built there from the same seed).
 
 Two regimes. "streamed": each contender cycles through enough copies of its weights to overflow
 the L3 cache, as decode does - SmolLM2's 30 layers are 66 MB packed and 540 MB in fp32, so every
@@ -21,28 +24,28 @@ into a tile, multiplied by all T rows) - and BLAS's fp32 x @ W.T. Reported: micr
 (2 T rows cols flops), and qmatmul's speedup over both. The crossover sets quant.MATVEC_ROWS_MAX_T.
 Results: benchmarks/results/quant_matvec.json.
 
-Threads: Numba's and OpenBLAS's defaults (all cores). On a busy machine - or a VM where waking a
-sleeping helper thread costs milliseconds - compare one core each, where no helper thread can
-stall a call:
+Each of the three turns reports its best sample, not its median: noise only ever makes a sample
+slower. Threads: min(physical cores, NUMBA_NUM_THREADS) for both processes; on a busy machine - or a
+VM where waking a sleeping helper thread costs milliseconds - compare one core each:
 
-    OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/quant_matvec.py --quick
+    NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/quant_matvec.py --quick
+
+``--isa avx2`` runs both processes on the AVX2 code path (Numba for Haswell, OPENBLAS_CORETYPE=Haswell).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import time
+import statistics
+from pathlib import Path
 
-import numba
 import numpy as np
-from common import save_result
+from common import (Contender, add_isa_and_out, default_threads, save_result, seconds_per_call, start_all,
+                    take_turns)
 
-from minillm.kernels import cpu, quant
+from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE
 
 L3_BYTES = 32 << 20
-SAMPLE_SECONDS = 1e-3
-SETTLE_SECONDS = 0.3  # for the other contender's threads to stop spinning
-WARMUP_SECONDS = 0.05
+TURNS = 3  # per case: minillm's process, BLAS's, three times
 CASES = [  # name, rows (out), cols (in), format
     ("ffn_gate/up", 1536, 576, "Q4_1"),
     ("ffn_down", 576, 1536, "Q4_1"),
@@ -50,6 +53,10 @@ CASES = [  # name, rows (out), cols (in), format
     ("attn_k/v", 192, 576, "Q4_1"),
     ("lm_head", 49152, 576, "Q8_0"),
 ]
+BATCH_CASES = [CASES[0], CASES[1]]  # the FFN shapes, where most of a forward's flops go
+BATCH_SIZES = (1, 2, 3, 4, 8, 16, 64)
+SIDES = ("minillm", "blas")
+
 
 def copies_to_overflow_l3(nbytes: int, factor: float) -> int:
     return max(1, int(np.ceil(factor * L3_BYTES / nbytes)))
@@ -63,52 +70,80 @@ def cycling(fn, operands: list):
     return one_pass
 
 
-def best_seconds_per_call(contenders: dict, calls_per_pass: dict, reps: int) -> dict[str, float]:
-    """Seconds per call of each contender in its best sample. The best, not the median: noise only
-    ever makes a sample slower. Contenders run one after the other, not interleaved, each after a
-    pause and a warm-up: OpenBLAS's threads spin for a while after a call and steal the cores from
-    Numba's, and a thread pool that has gone to sleep takes milliseconds to wake on a VM."""
-    best = {}
-    for name, run in contenders.items():
-        time.sleep(SETTLE_SECONDS)
-        warm_until, durations = time.perf_counter() + WARMUP_SECONDS, []
-        while time.perf_counter() < warm_until or len(durations) < 3:  # compile, fault in, wake threads
-            start = time.perf_counter()
-            run()
-            durations.append(time.perf_counter() - start)
-        passes = max(1, int(SAMPLE_SECONDS / min(durations)))
-        samples = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            for _ in range(passes):
-                run()
-            samples.append((time.perf_counter() - start) / passes / calls_per_pass[name])
-        best[name] = min(samples)
-    return best
+def best_seconds(fn, calls_per_pass: int, samples: int) -> float:
+    """Seconds per call in the best sample (noise only ever makes a sample slower)."""
+    return min(seconds_per_call(fn, samples)) / calls_per_pass
 
 
-def bench_case(rows: int, cols: int, qtype: str, regime: str, reps: int, overflow: float) -> dict:
-    rng = np.random.default_rng(0)
-    w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)  # (rows, cols)
-    qm = quant.quantize(w, qtype)
-    w32 = qm.dequantize()  # (rows, cols) the same weights in fp32
-    x = rng.standard_normal(cols).astype(np.float32)  # (cols,)
-    x2 = x[None, :]  # (1, cols)
+class Kernels:
+    """One side of the comparison, in a process of its own: minillm's Numba kernels, or NumPy's BLAS.
 
-    n_q = copies_to_overflow_l3(qm.nbytes, overflow) if regime == "streamed" else 1
-    n_f = copies_to_overflow_l3(w32.nbytes, overflow) if regime == "streamed" else 1
-    packed = [quant.QMatrix(qtype, qm.shape, qm.data.copy()) for _ in range(n_q)]
-    fp32 = [w32.copy() for _ in range(n_f)]
+    Both sides build the same matrices from the same seeds; each method returns seconds per call of
+    this side's contenders.
+    """
 
-    contenders = {"qmatvec": cycling(lambda m: quant.qmatvec(x, m), packed),
-                  "numba_fp32": cycling(lambda m: cpu.linear(x2, m), fp32),
-                  "blas_gemv": cycling(lambda m: m @ x, fp32)}
-    calls = {"qmatvec": n_q, "blas_gemv": n_f, "numba_fp32": n_f}
-    seconds = best_seconds_per_call(contenders, calls, reps)
+    def __init__(self, threads: int, side: str):
+        import numba
 
-    bytes_read = {"qmatvec": qm.nbytes, "blas_gemv": w32.nbytes, "numba_fp32": w32.nbytes}
-    result = {"shape": [rows, cols], "format": qtype, "regime": regime,
-              "copies": {"packed": n_q, "fp32": n_f}, "packed_bytes": qm.nbytes, "fp32_bytes": w32.nbytes}
+        numba.set_num_threads(threads)  # OpenBLAS takes OPENBLAS_NUM_THREADS from the worker's environment
+        self.side = side
+
+    def stamp(self) -> dict:
+        import os
+
+        import numba
+        from common import numba_target
+
+        if self.side == "minillm":
+            return {"isa": numba_target()["isa"], "numba_threads": numba.get_num_threads()}
+        # OpenBLAS does not say which kernels it picked; recorded is what it was told (DYNAMIC_ARCH build)
+        coretype = os.environ.get("OPENBLAS_CORETYPE")
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return {"isa": "avx2" if coretype == "Haswell" else numba_target()["isa"], "openblas_coretype": coretype,
+                "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "blas": blas["name"] + " " + blas["version"]}
+
+    def matvec(self, rows: int, cols: int, qtype: str, regime: str, samples: int, overflow: float) -> dict:
+        from minillm.kernels import cpu, quant
+
+        rng = np.random.default_rng(0)
+        w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)  # (rows, cols)
+        qm = quant.quantize(w, qtype)
+        w32 = qm.dequantize()  # (rows, cols) the same weights in fp32
+        x = rng.standard_normal(cols).astype(np.float32)  # (cols,)
+        n_q = copies_to_overflow_l3(qm.nbytes, overflow) if regime == "streamed" else 1
+        n_f = copies_to_overflow_l3(w32.nbytes, overflow) if regime == "streamed" else 1
+        fp32 = [w32.copy() for _ in range(n_f)]
+        if self.side == "blas":
+            return {"blas_gemv": best_seconds(cycling(lambda m: m @ x, fp32), n_f, samples)}
+        packed = [quant.QMatrix(qtype, qm.shape, qm.data.copy()) for _ in range(n_q)]
+        return {"qmatvec": best_seconds(cycling(lambda m: quant.qmatvec(x, m), packed), n_q, samples),
+                "numba_fp32": best_seconds(cycling(lambda m: cpu.linear(x[None, :], m), fp32), n_f, samples)}
+
+    def batched(self, rows: int, cols: int, qtype: str, T: int, samples: int) -> dict:
+        from minillm.kernels import quant
+
+        rng = np.random.default_rng(T)
+        qm = quant.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qtype)
+        w32 = qm.dequantize()  # (rows, cols)
+        x = rng.standard_normal((T, cols)).astype(np.float32)  # (T, cols)
+        if self.side == "blas":
+            return {"blas_matmul": best_seconds(lambda: x @ w32.T, 1, samples)}
+        return {"qmatvec_per_row": best_seconds(lambda: [quant.qmatvec(row, qm) for row in x], 1, samples),
+                "qmatmul": best_seconds(lambda: quant.qmatmul(x, qm), 1, samples)}
+
+
+def side_by_side(workers: dict, method: str, **kwargs) -> dict[str, float]:
+    """Seconds per call of every contender: the two processes take turns, the median of the turns."""
+    return {contender: statistics.median(s) for contender, s in take_turns(workers, TURNS, method, **kwargs).items()}
+
+
+def matvec_row(workers, name, rows, cols, qtype, regime, samples, overflow) -> dict:
+    seconds = side_by_side(workers, "matvec", rows=rows, cols=cols, qtype=qtype, regime=regime, samples=samples,
+                           overflow=overflow)
+    packed_bytes = rows * cols // BLOCK_SIZE * BLOCK_BYTES[qtype]
+    bytes_read = {"qmatvec": packed_bytes, "blas_gemv": rows * cols * 4, "numba_fp32": rows * cols * 4}
+    result = {"case": name, "shape": [rows, cols], "format": qtype, "regime": regime, "packed_bytes": packed_bytes,
+              "fp32_bytes": rows * cols * 4}
     for contender, s in seconds.items():
         result[contender] = {"us": s * 1e6, "gb_per_s": bytes_read[contender] / s / 1e9}
     result["speedup_vs_blas_gemv"] = seconds["blas_gemv"] / seconds["qmatvec"]
@@ -116,23 +151,12 @@ def bench_case(rows: int, cols: int, qtype: str, regime: str, reps: int, overflo
     return result
 
 
-BATCH_CASES = [CASES[0], CASES[1]]  # the FFN shapes, where most of a forward's flops go
-BATCH_SIZES = (1, 2, 3, 4, 8, 16, 64)
-
-
-def bench_batched(rows: int, cols: int, qtype: str, T: int, reps: int) -> dict:
-    rng = np.random.default_rng(T)
-    qm = quant.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qtype)
-    w32 = qm.dequantize()  # (rows, cols)
-    x = rng.standard_normal((T, cols)).astype(np.float32)  # (T, cols)
-    contenders = {"qmatvec_per_row": lambda: [quant.qmatvec(row, qm) for row in x],
-                  "qmatmul": lambda: quant.qmatmul(x, qm),
-                  "blas_matmul": lambda: x @ w32.T}
-    seconds = best_seconds_per_call(contenders, dict.fromkeys(contenders, 1), reps)
+def batched_row(workers, name, rows, cols, qtype, T, samples) -> dict:
+    seconds = side_by_side(workers, "batched", rows=rows, cols=cols, qtype=qtype, T=T, samples=samples)
     flops = 2 * T * rows * cols
-    result = {"shape": [rows, cols], "format": qtype, "T": T}
-    for contender, sec in seconds.items():
-        result[contender] = {"us": sec * 1e6, "gflops": flops / sec / 1e9}
+    result = {"case": name, "shape": [rows, cols], "format": qtype, "T": T}
+    for contender, s in seconds.items():
+        result[contender] = {"us": s * 1e6, "gflops": flops / s / 1e9}
     result["qmatmul_speedup_vs_qmatvec_per_row"] = seconds["qmatvec_per_row"] / seconds["qmatmul"]
     result["qmatmul_speedup_vs_blas_matmul"] = seconds["blas_matmul"] / seconds["qmatmul"]
     return result
@@ -140,19 +164,22 @@ def bench_batched(rows: int, cols: int, qtype: str, T: int, reps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer repetitions and copies")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer samples and copies")
+    add_isa_and_out(parser, "quant_matvec")
     args = parser.parse_args()
-    reps, overflow = (5, 1.25) if args.quick else (25, 2.0)
-
-    threads = {"numba": numba.get_num_threads(), "openblas_env": os.environ.get("OPENBLAS_NUM_THREADS", "default")}
-    print(f"threads: numba {threads['numba']}, OpenBLAS {threads['openblas_env']}; best of {reps} samples")
+    samples, overflow = (5, 1.25) if args.quick else (15, 2.0)
+    threads = default_threads()
+    contenders = [Contender(side, "Kernels", {"side": side}, source=Path(__file__)) for side in SIDES]
+    workers = start_all(contenders, args.isa, threads)
+    print(f"{threads} threads each, {args.isa} code; per case {TURNS} turns per process, the best of {samples} "
+          f"samples each, median of the turns")
     results = []
     print(f"{'case':<12} {'format':<5} {'regime':<9} {'qmatvec us (GB/s)':>18} {'numba fp32 us':>14} "
           f"{'BLAS gemv us':>13} {'vs BLAS':>8} {'vs numba':>9}")
     for name, rows, cols, qtype in CASES:
         for regime in ("streamed", "cached") if name != "lm_head" else ("streamed",):
-            r = bench_case(rows, cols, qtype, regime, reps, overflow)
-            results.append({"case": name, **r})
+            r = matvec_row(workers, name, rows, cols, qtype, regime, samples, overflow)
+            results.append(r)
             print(f"{name:<12} {qtype:<5} {regime:<9} {r['qmatvec']['us']:9.1f} ({r['qmatvec']['gb_per_s']:5.1f}) "
                   f"{r['numba_fp32']['us']:14.1f} {r['blas_gemv']['us']:13.1f} {r['speedup_vs_blas_gemv']:7.2f}x "
                   f"{r['speedup_vs_numba_fp32']:8.2f}x")
@@ -161,12 +188,17 @@ def main():
           f"{'vs per row':>11} {'vs BLAS':>8}")
     for name, rows, cols, qtype in BATCH_CASES:
         for T in BATCH_SIZES:
-            r = bench_batched(rows, cols, qtype, T, reps)
-            batched.append({"case": name, **r})
+            r = batched_row(workers, name, rows, cols, qtype, T, samples)
+            batched.append(r)
             print(f"{name:<12} {T:>3} {r['qmatvec_per_row']['us']:19.1f} {r['qmatmul']['us']:12.1f} "
                   f"({r['qmatmul']['gflops']:5.1f}) {r['blas_matmul']['us']:15.1f} "
                   f"{r['qmatmul_speedup_vs_qmatvec_per_row']:10.2f}x {r['qmatmul_speedup_vs_blas_matmul']:7.2f}x")
-    save_result("quant_matvec", {"quick": args.quick, "threads": threads, "cases": results, "batched": batched})
+    stamps = {name: w.stamp for name, w in workers.items()}
+    for worker in workers.values():
+        worker.close()
+    save_result("quant_matvec", {"quick": args.quick, "isa": args.isa, "threads": threads, "turns": TURNS,
+                                 "samples_per_turn": samples, "stamps": stamps, "cases": results,
+                                 "batched": batched}, args.out)
 
 
 if __name__ == "__main__":

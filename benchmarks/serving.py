@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import save_result
+from common import contender_env, save_result
 
 from minillm.hardware.machine import describe_machine
 from minillm.llm import load_tokenizer
@@ -68,8 +68,8 @@ class ServerProcess:
     def __init__(self, command: list[str], port: int, threads: int):
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env=contender_env("native", threads))
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

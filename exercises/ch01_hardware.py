@@ -18,6 +18,12 @@ REFERENCE = {
     "decode_ceiling_tokens_per_s": "minillm.hardware.roofline.decode_ceiling_tokens_per_s",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch01_roofline": ["attainable_flops"],
+    "ch01_decode_ceiling": ["decode_ceiling_tokens_per_s"],
+}
+
 
 def attainable_flops(intensity_flop_per_byte, peak_flops, bandwidth_bytes_per_s):
     """Task 1: the roofline. The best FLOP/s a kernel can reach on a machine.

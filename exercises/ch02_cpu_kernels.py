@@ -19,6 +19,15 @@ REFERENCE = {
     "attention_decode": "minillm.kernels.cpu.attention_decode",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch02_rmsnorm": ["rms_norm"],
+    "ch02_softmax": ["softmax"],
+    "ch02_rope": ["rope"],
+    "ch02_tiled_matmul": ["matmul_v3_blocked"],
+    "ch02_decode_attention": ["attention_decode"],
+}
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (T, D), weight (D,) -> (T, D): each row divided by sqrt(mean(row**2) + eps), times weight.

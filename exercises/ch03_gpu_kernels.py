@@ -38,6 +38,14 @@ REFERENCE = {
     "rms_norm": "minillm.kernels.cuda.rms_norm",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch03_vector_add": ["vector_add"],
+    "ch03_block_reduce": ["reduce_sum"],
+    "ch03_tiled_matmul": ["matmul_tiled"],
+    "ch03_rmsnorm": ["rms_norm"],
+}
+
 
 def vector_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Task 1 - the CUDA hello world: a, b (n,) float32 -> (n,) a + b, one thread per element.

@@ -30,6 +30,12 @@ REFERENCE = {
     "qmatvec": "minillm.kernels.quant.qmatvec",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch04_q4_1_dequantize": ["dequantize_q4_1"],
+    "ch04_quant_matvec": ["qmatvec"],
+}
+
 
 def dequantize_q4_1(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """Task 1: Q4_1 bytes (rows, cols // 32 * 20) uint8 -> weights (rows, cols) float32.

@@ -12,13 +12,18 @@ from __future__ import annotations
 import numpy as np
 
 from minillm.kernels.quant import QMatrix
-from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, KVCache
-from minillm.model.layers import LayerWeights
+from minillm.model.layers import LayerContext, LayerWeights
 
 REFERENCE = {
     "unpermute_qk_rows": "minillm.model.loader.unpermute_qk_rows",
     "decoder_layer": "minillm.model.layers.decoder_layer",
+}
+
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch05_rope_convention": ["unpermute_qk_rows"],
+    "ch05_decoder_layer": ["decoder_layer"],
 }
 
 
@@ -43,14 +48,14 @@ def unpermute_qk_rows(w: np.ndarray | QMatrix, n_heads: int) -> np.ndarray | QMa
     raise NotImplementedError("chapter 5, task 1")
 
 
-def decoder_layer(x: np.ndarray, positions: np.ndarray, weights: LayerWeights, layer: int,
-                  cache: KVCache, meta: AttentionMetadata, config: ModelConfig, ops,
-                  rope: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def decoder_layer(x: np.ndarray, weights: LayerWeights, layer: int, cache: KVCache, meta: AttentionMetadata,
+                  ctx: LayerContext) -> np.ndarray:
     """One pre-norm decoder layer on the hidden states x (N, D) of a flat batch -> (N, D).
 
-    x holds N new tokens of meta.num_seqs sequences packed back to back, positions (N,) their
-    positions; ``ops`` is a kernel backend (ops.linear, ops.rms_norm, ops.rope, ops.swiglu, ...,
-    plus ops.qlinear for a QMatrix weight); ``rope`` is the (cos, sin) pair of ops.rope_table.
+    x holds N new tokens of meta.num_seqs sequences packed back to back; meta.positions (N,) are
+    their positions. ``ctx`` holds what every layer of the model shares: ctx.config, ctx.ops (a
+    kernel backend: ops.linear, ops.rms_norm, ops.rope, ops.swiglu, ..., plus ops.qlinear for a
+    QMatrix weight) and ctx.cos, ctx.sin (the RoPE tables of ops.rope_table).
     With H = config.n_heads, Hkv = config.n_kv_heads, Dh = config.head_dim, eps = config.rms_eps:
 
     attention half
@@ -59,7 +64,7 @@ def decoder_layer(x: np.ndarray, positions: np.ndarray, weights: LayerWeights, l
          (a weight may be a QMatrix: use ops.qlinear for it, ops.linear for an ndarray)
       3. Qwen3 only (weights.q_norm is not None): RMSNorm over each head's Dh values of q and k,
          with weights.q_norm / weights.k_norm - reshape to (N * heads, Dh) for ops.rms_norm
-      4. rotate q and k: ops.rope(..., positions, cos, sin, config.rope_style)
+      4. rotate q and k: ops.rope(..., meta.positions, ctx.cos, ctx.sin, config.rope_style)
       5. cache.write(layer, k, v, meta), then out = cache.attend(layer, q, meta, ops)  (N, H, Dh)
          - the cache does the causal, grouped-query attention over each sequence's past
       6. x = x + out.reshape(N, H * Dh) @ wo.T                                   (N, D)

@@ -28,6 +28,14 @@ REFERENCE = {
     "decode_step": "minillm.generation.generate.decode_step",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch06_bpe_merge": ["bpe_merge"],
+    "ch06_top_p": ["top_p_filter"],
+    "ch06_stream_detokenizer": ["StreamDetokenizer"],
+    "ch06_decode_step": ["decode_step"],
+}
+
 
 def bpe_merge(symbols: list[str], merge_ranks: dict[tuple[str, str], int]) -> list[str]:
     """Apply ranked merges to one word: fuse the lowest-ranked adjacent pair until none is left.
@@ -111,12 +119,13 @@ def decode_step(model: Model, cache: KVCache, token_id: int, position: int, slot
     position + 1 keys.
 
     The model's forward takes a *flat batch* (minillm/model/kv_cache.py explains it):
-        model.forward(token_ids (N,), positions (N,), meta: AttentionMetadata, cache) -> (L, V)
+        model.forward(token_ids (N,), meta: AttentionMetadata, cache) -> (L, V)
     Here the batch is one sequence with one new token:
       1. meta = AttentionMetadata(query_lens=[1], context_lens=[position], seq_slots=[slot])
-         (from minillm.model.kv_cache): 1 new token, `position` tokens already cached;
-      2. token_ids = np.array([token_id]) and positions = np.array([position]) - RoPE rotates
-         the new query and key by their absolute position;
+         (from minillm.model.kv_cache): 1 new token, `position` tokens already cached - so the
+         metadata derives its position, meta.positions = [position], by which RoPE rotates the new
+         query and key;
+      2. token_ids = np.array([token_id]);
       3. call model.forward and return its only row of logits, shape (V,).
 
     Generation.step calls this for every token after the first; the test compares its logits

@@ -26,6 +26,14 @@ REFERENCE = {
     "paged_attention_decode": "minillm.kernels.paged_attention.paged_attention_decode",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch07_block_table": ["BlockPool"],
+    "ch07_slot_mapping": ["slot_mapping"],
+    "ch07_block_hash": ["hash_block"],
+    "ch07_paged_attention": ["paged_attention_decode"],
+}
+
 
 # -----------------------------------------------------------------------------
 # Task 1: the free list and the blocks that block tables point into

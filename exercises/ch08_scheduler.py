@@ -32,6 +32,13 @@ REFERENCE = {
     "Sampler": "minillm.generation.sampling.Sampler",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch08_schedule_step": ["Scheduler"],
+    "ch08_preemption": ["choose_victim"],
+    "ch08_batched_sampling": ["Sampler"],
+}
+
 
 # -----------------------------------------------------------------------------
 # Task 1: one scheduling step
@@ -58,7 +65,7 @@ class Scheduler:
       has_unfinished() -> bool   anything waiting or running.
       schedule() -> SchedulerOutput
                                  the next step's batch (below).
-      computed(scheduled)        after the forward: for each ScheduledSeq, ``num_computed`` grows by
+      mark_computed(scheduled)   after the forward: for each ScheduledSeq, ``num_computed`` grows by
                                  ``num_new`` and the block manager is told (``mark_computed``), so
                                  full blocks become reusable by other prompts.
       finish(seq)                a finished (or aborted) sequence leaves ``running`` (freeing its
@@ -87,7 +94,7 @@ class Scheduler:
          the status becomes RUNNING; the sequence joins the end of ``running``; it runs
          ``min(seq.num_uncomputed, budget)`` tokens.
 
-    ``schedule`` changes no ``num_computed`` of a running sequence: ``computed`` does, after the
+    ``schedule`` changes no ``num_computed`` of a running sequence: ``mark_computed`` does, after the
     forward. Return the SchedulerOutput (an empty one when there is nothing to do).
     """
 
@@ -103,7 +110,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError("chapter 8, task 1")
 
-    def computed(self, scheduled: list[ScheduledSeq]) -> None:
+    def mark_computed(self, scheduled: list[ScheduledSeq]) -> None:
         raise NotImplementedError("chapter 8, task 1")
 
     def preempt(self, seq: Sequence) -> None:

@@ -22,6 +22,13 @@ REFERENCE = {
     "StopStringFilter": "minillm.generation.stop.StopStringFilter",
 }
 
+# The functions each task (pytest marker) grades: course.check(marker) runs its tests.
+TASKS = {
+    "ch09_sse_event": ["sse_event"],
+    "ch09_metric": ["request_latencies"],
+    "ch09_stop_stream": ["StopStringFilter"],
+}
+
 
 # -----------------------------------------------------------------------------
 # Task 1: the SSE event formatter

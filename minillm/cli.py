@@ -35,7 +35,7 @@ def _generate(args) -> int:
     from minillm.llm import LLM
 
     params = _sampling_params(args)  # a bad value fails here, before the model loads
-    llm = LLM(args.model)
+    llm = LLM(args.model, activations=args.activations)
     for piece in llm.stream(args.prompt, params):
         print(piece, end="", flush=True)
     print()
@@ -43,11 +43,11 @@ def _generate(args) -> int:
 
 
 def _chat(args) -> int:
-    from minillm.generation.generate import Generation
+    """Each turn streams through the engine, so the conversation so far is found in its prefix cache."""
     from minillm.llm import LLM
 
     params = _sampling_params(args)
-    llm = LLM(args.model)
+    llm = LLM(args.model, activations=args.activations)
     print(f"minillm chat - {llm.path.name}. /reset starts over, /exit leaves, Ctrl-C stops an answer.")
     history: list[dict] = []
     while True:
@@ -66,25 +66,28 @@ def _chat(args) -> int:
             continue
         history.append({"role": "user", "content": line})
         try:
-            generation = Generation(llm.model, llm.tokenizer, llm.chat_prompt(history), params)
+            pieces = llm.stream(llm.chat_prompt(history), params)
         except ValueError as e:  # the conversation outgrew the context
-            print(f"minillm chat: {e}. Use /reset.")
+            print(f"minillm chat: {e} Use /reset.")
             history.pop()
             continue
+        answer = ""
         try:
-            for piece in generation:
+            for piece in pieces:
                 print(piece, end="", flush=True)
+                answer += piece
         except KeyboardInterrupt:
+            pieces.close()  # aborts the request: its blocks go back to the pool
             print(" [stopped]", end="")
         print()
-        history.append({"role": "assistant", "content": generation.output.text})
+        history.append({"role": "assistant", "content": answer})
 
 
 def _serve(args) -> int:
     from minillm.serve.app import main as serve_main
 
     return serve_main(host=args.host, port=args.port, model=args.model, max_num_seqs=args.max_num_seqs,
-                      kv_cache_bytes=args.kv_cache_bytes, max_waiting=args.max_waiting)
+                      kv_cache_bytes=args.kv_cache_bytes, max_waiting=args.max_waiting, activations=args.activations)
 
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -102,6 +105,11 @@ def _bench(args) -> int:
               file=sys.stderr)
         return 2
     return subprocess.run([sys.executable, str(script), *args.rest]).returncode
+
+
+def _add_activations(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--activations", choices=("fp32", "int8"), default="fp32",
+                   help="the linear layers' input: fp32, or quantized to int8 per block (llama.cpp's integer path)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-p", type=float, default=1.0 if name == "generate" else 0.9)
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--seed", type=int, default=None)
+        _add_activations(p)
         p.set_defaults(run=_generate if name == "generate" else _chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (SSE streaming, /metrics)")
@@ -137,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
     p.add_argument("--kv-cache-bytes", type=int, default=256 << 20, help="memory for the paged KV cache")
     p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
+    _add_activations(p)
     p.set_defaults(run=_serve)
 
     p = sub.add_parser("bench", help="side-by-side benchmarks: decode, throughput, serve (JSON results)")

@@ -3,6 +3,12 @@
     llm = minillm.LLM()                                 # the default model (fetched on first use)
     outs = llm.generate(["Once upon a time"], minillm.SamplingParams(temperature=0, max_tokens=32))
     outs[0].text, outs[0].token_ids, outs[0].finish_reason
+    for piece in llm.stream("Once upon a time", params): print(piece, end="")
+
+``generate``, ``stream`` and ``chat`` all drive one ``LLMEngine`` (paged KV cache, prefix cache,
+continuous batching): a conversation that grows turn by turn finds its earlier turns cached. Each
+call steps the engine until its own requests are done, so use one call at a time (the server's
+engine thread is the way to serve many callers at once).
 """
 from __future__ import annotations
 
@@ -10,10 +16,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
+# tqdm.std, not tqdm.auto: a plain-text bar in notebooks too (auto's widget needs ipywidgets and
+# shows as a bare object repr in a notebook rendered on GitHub).
+from tqdm.std import tqdm
 
 from minillm.generation.chat import render_chat
-from minillm.generation.generate import Generation
 from minillm.generation.output import CompletionOutput
 from minillm.generation.sampling import SamplingParams
 from minillm.generation.tokenizer import Tokenizer
@@ -56,10 +63,12 @@ def load_tokenizer(path: Path) -> Tokenizer:
 class LLM:
     """A model with its tokenizer, ready to generate."""
 
-    def __init__(self, model: str | Path | None = None, backend: str = "numba", **engine_args):
-        """``engine_args`` go to ``LLMEngine``: kv_cache_bytes, block_size, max_num_seqs, max_num_batched_tokens."""
+    def __init__(self, model: str | Path | None = None, backend: str = "numba", activations: str = "fp32",
+                 **engine_args):
+        """``activations`` ("fp32" or "int8") is how the linear layers take their input; ``engine_args``
+        go to ``LLMEngine``: kv_cache_bytes, block_size, max_num_seqs, max_num_batched_tokens."""
         self.path = Path(model) if model is not None else (cached_model_path() or fetch())
-        self.model = load_model(self.path, backend=backend)
+        self.model = load_model(self.path, backend=backend, activations=activations)
         self.tokenizer = load_tokenizer(self.path)
         self.engine = LLMEngine(self.model, self.tokenizer, **engine_args)
 
@@ -82,7 +91,7 @@ class LLM:
             while pending:
                 step = engine.step()
                 generated += len(step)
-                done = {o.request_id for o in step if o.finished and engine.requests[o.request_id].finished}
+                done = {o.request_id for o in step if o.request_finished}
                 pending -= done
                 bar.update(len(done))
                 bar.set_postfix_str(f"{generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s", refresh=False)
@@ -90,9 +99,30 @@ class LLM:
                 for (text, token_ids), i in zip(encoded, ids)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
-        """Text pieces as they are generated (one completion)."""
+        """Text pieces of one completion as the engine makes them (every ``SamplingParams`` field as in
+        ``generate``, except ``n``: one stream is one completion, so ``n > 1`` is refused - use
+        ``generate`` for several). Leaving the loop early aborts the request and frees its blocks."""
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(f"stream yields one completion, but n = {params.n}: use generate() for n > 1")
         _, ids = self.encode_prompt(prompt)
-        yield from Generation(self.model, self.tokenizer, ids, params or SamplingParams())
+        self.engine.check_request(ids, params)  # a bad request fails here, not at the first next()
+        return self._stream(ids, params)
+
+    def _stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:
+        engine = self.engine
+        request_id, finished = engine.add_request(prompt_ids, params), False
+        try:
+            while not finished:
+                for out in engine.step():
+                    if out.request_id == request_id:
+                        finished = out.request_finished
+                        if out.text_delta:
+                            yield out.text_delta
+            engine.pop_request(request_id)
+        finally:
+            if not finished:  # the caller stopped early (break, Ctrl-C): free the blocks now
+                engine.abort(request_id)
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         """The token ids of a conversation rendered with the model's chat template."""

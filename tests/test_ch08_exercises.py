@@ -16,7 +16,7 @@ import torch
 from minillm.generation.sampling import SamplingParams, SamplingState
 from minillm.runtime.block_manager import BlockManager
 from minillm.runtime.sequence import Status
-from test_scheduler import make_seq, next_token, unpreempted_output
+from test_scheduler import draw_token, make_seq, unpreempted_output
 
 # -----------------------------------------------------------------------------
 # the simulated engine loop
@@ -25,12 +25,10 @@ from test_scheduler import make_seq, next_token, unpreempted_output
 def step(sched):
     """One engine step without a model: schedule, 'compute', sample for sequences whose last token ran."""
     plan = sched.schedule()
-    sampling = [x.seq for x in plan.scheduled if x.completes_prefill]  # before computed() moves num_computed
-    sched.computed(plan.scheduled)
+    sampling = [x.seq for x in plan.scheduled if x.completes_prefill]  # before mark_computed() moves num_computed
+    sched.mark_computed(plan.scheduled)
     for seq in sampling:
-        seq.builder.append(next_token(seq.token_ids))
-        if seq.builder.finished:
-            sched.finish(seq)
+        draw_token(sched, seq)
     return plan
 
 
@@ -80,7 +78,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget(impl):
     while seq.num_computed < 30:
         plan = sched.schedule()
         chunks.append([(x.seq, x.num_new) for x in plan.scheduled])
-        sched.computed(plan.scheduled)
+        sched.mark_computed(plan.scheduled)
     assert chunks == [[(seq, 8)], [(seq, 8)], [(seq, 8)], [(seq, 6)]]
     assert seq.status is Status.RUNNING and sched.running == [seq] and not sched.waiting
 

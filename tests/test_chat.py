@@ -121,3 +121,32 @@ def test_text_parts_are_joined():
 def test_bad_messages_are_refused_clearly(messages, problem):
     with pytest.raises(ValueError, match=problem):
         render_chat(messages)
+
+
+@pytest.mark.slow
+def test_a_second_chat_turn_reuses_the_first_from_the_prefix_cache(smollm2_path):
+    """As `minillm chat` runs a conversation: each turn streams through one engine, so the next turn's
+    prompt (the whole conversation again) finds the earlier turns' full KV blocks cached."""
+    from minillm.generation.sampling import SamplingParams
+    from minillm.llm import LLM
+
+    llm = LLM(smollm2_path, block_size=16)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    first_prompt = llm.chat_prompt(history)
+    first = llm.chat(history, params)
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And of Italy?"}]
+    second_prompt = llm.chat_prompt(history)
+    before = llm.engine.stats()
+    "".join(llm.stream(second_prompt, params))
+    after = llm.engine.stats()
+
+    # Cached: the full blocks of every token the first turn computed (its last token was drawn, never run);
+    # found: the full blocks of the common prefix, never the prompt's last token.
+    computed = first_prompt + first.token_ids[:-1]
+    common = next((i for i, (a, b) in enumerate(zip(computed, second_prompt)) if a != b),
+                  min(len(computed), len(second_prompt)))
+    expected = min(common, len(second_prompt) - 1) // 16 * 16
+    assert expected >= len(first_prompt) // 16 * 16 > 0
+    assert after.prefix_cache_hits - before.prefix_cache_hits == expected
+    assert after.prefix_cache_queries - before.prefix_cache_queries == len(second_prompt)

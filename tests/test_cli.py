@@ -40,3 +40,20 @@ def test_missing_model_file_is_a_message(tmp_path):
     run = minillm("generate", "hi", "--model", str(tmp_path / "nope.gguf"))
     assert run.returncode == 2
     assert "no model at" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["serve"]])
+def test_activations_is_an_option_with_two_choices(command):
+    from minillm.cli import build_parser
+
+    assert build_parser().parse_args([*command, "--activations", "int8"]).activations == "int8"
+    assert build_parser().parse_args(command).activations == "fp32"
+    run = minillm(*command, "--activations", "int4")
+    assert run.returncode == 2 and "invalid choice: 'int4'" in run.stderr
+
+
+def test_llm_hands_activations_to_the_loader(smollm2_path):
+    from minillm.llm import LLM
+
+    with pytest.raises(ValueError, match="activations must be one of 'fp32', 'int8', got 'int4'"):
+        LLM(smollm2_path, activations="int4")

@@ -1,5 +1,7 @@
 """The continuous-batching engine on the real model: batching, chunking, preemption and forking
 change when tokens are computed, never which tokens come out."""
+import re
+
 import pytest
 
 from minillm.generation.generate import Generation
@@ -7,6 +9,7 @@ from minillm.generation.sampling import SamplingParams
 from minillm.llm import LLM, load_tokenizer
 from minillm.model.loader import load_model
 from minillm.runtime.engine import LLMEngine
+from minillm.runtime.errors import RequestRejected
 
 PROMPTS = [
     "Once upon a time", "def fibonacci(n):", "The three primary colors are", "1, 2, 3, 4,",
@@ -27,7 +30,8 @@ def run_engine(parts, prompt_ids, params, **engine_args):
     ids = [engine.add_request(p, params) for p in prompt_ids]
     while engine.has_unfinished():
         engine.step()
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, "blocks leaked"
+    stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_blocks, "blocks leaked"
     return [engine.pop_request(i).outputs for i in ids], engine
 
 
@@ -68,7 +72,7 @@ def test_preempted_requests_end_with_their_unpreempted_output(parts, prompt_ids,
     per_token = bytes_per_token(parts[0].config)
     outs, engine = run_engine(parts, prompt_ids, GREEDY, max_num_seqs=16, block_size=4,
                               kv_cache_bytes=per_token * 4 * 24)  # 24 blocks: far too few for 16 sequences
-    assert engine.scheduler.num_preemptions > 0
+    assert engine.stats().num_preemptions > 0
     assert [o[0].token_ids for o in outs] == one_at_a_time
 
 
@@ -93,7 +97,8 @@ def test_abort_in_every_state_frees_the_blocks(parts, prompt_ids):
     engine.step()
     engine.abort(a)
     assert not engine.has_unfinished()
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_blocks
 
 
 @pytest.mark.slow
@@ -102,3 +107,151 @@ def test_llm_generate_returns_outputs_in_input_order(smollm2_path, one_at_a_time
     outs = llm.generate(PROMPTS[:6], GREEDY)
     assert [o.token_ids for o in outs] == one_at_a_time[:6]
     assert [o.prompt for o in outs] == PROMPTS[:6]
+
+
+# -----------------------------------------------------------------------------------------------
+# The contract with the layers above: StepOutput, stats(), observe(), RequestRejected
+
+
+@pytest.mark.slow
+def test_step_outputs_say_everything_a_caller_needs(parts, prompt_ids, one_at_a_time):
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    engine = LLMEngine(*parts)
+    rid = engine.add_request(prompt_ids[0], params)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    request = engine.pop_request(rid)
+    for index, completion in enumerate(request.outputs):
+        mine = [o for o in outputs if o.index == index]
+        assert [o.token_id for o in mine] == completion.token_ids == one_at_a_time[0]  # greedy: both the same
+        assert "".join(o.text_delta for o in mine) == completion.text
+        assert [o.logprobs for o in mine] == completion.logprobs
+        assert all(o.logprobs.token_id == o.token_id for o in mine)
+        assert [o.finished for o in mine] == [False] * 11 + [True] and mine[-1].finish_reason == "length"
+    assert [o.first_token for o in outputs] == [True] + [False] * (len(outputs) - 1)  # once per request
+    assert [o.request_finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    assert engine.step() == []
+
+
+@pytest.mark.slow
+def test_stats_count_what_the_engine_did(parts, prompt_ids):
+    from minillm.runtime.paged_cache import bytes_per_token
+
+    engine = LLMEngine(*parts, max_num_seqs=2, max_num_batched_tokens=64, block_size=4,
+                       kv_cache_bytes=bytes_per_token(parts[0].config) * 4 * 100)  # 100 blocks of 4
+    stats = engine.stats()
+    assert (stats.num_blocks, stats.num_free_blocks, stats.block_size) == (100, 100, 4)
+    assert (stats.max_num_seqs, stats.max_num_batched_tokens) == (2, 64)
+    assert stats.max_model_len == min(parts[0].config.context_length, 400) == 400  # the KV cache binds
+    assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage) == (0, 0, 0.0)
+    for ids in prompt_ids[:3]:
+        engine.add_request(ids, GREEDY)
+    assert engine.stats().num_waiting == 3
+    engine.step()
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting) == (2, 1)  # max_num_seqs admits two
+    assert stats.num_free_blocks == 100 - sum(-(-len(ids) // 4) for ids in prompt_ids[:2])  # the prompts' blocks
+    assert stats.kv_cache_usage == pytest.approx((100 - stats.num_free_blocks) / 100)
+    assert stats.prefix_cache_queries == sum(len(ids) for ids in prompt_ids[:2]) and stats.prefix_cache_hits == 0
+    while engine.has_unfinished():
+        engine.step()
+    engine.add_request(prompt_ids[0], GREEDY)  # the same prompt again: its full blocks are cached
+    engine.step()
+    stats = engine.stats()
+    assert stats.prefix_cache_hits == (len(prompt_ids[0]) - 1) // 4 * 4
+    assert stats.prefix_cache_queries == sum(len(ids) for ids in prompt_ids[:3]) + len(prompt_ids[0])
+
+
+@pytest.mark.slow
+def test_observe_sees_every_plan_before_its_forward(parts, prompt_ids):
+    engine = LLMEngine(*parts, max_num_seqs=2, max_num_batched_tokens=6)
+    plans, outputs = [], []
+    stop = engine.observe(lambda plan, outs: (plans.append(plan), outputs.append(outs)))
+    for ids in prompt_ids[:3]:
+        engine.add_request(ids, GREEDY)
+    steps = []
+    while engine.has_unfinished():
+        steps.append(engine.step())
+    assert outputs == steps and len(plans) == len(steps)
+    first = plans[0]
+    assert [(p.seq_id, p.num_new, p.is_prefill) for p in first.scheduled] == [(0, len(prompt_ids[0]), True),
+                                                                              (1, 6 - len(prompt_ids[0]), True)]
+    assert first.waiting == [2] and first.preempted == []
+    for plan in plans:
+        assert sum(p.num_new for p in plan.scheduled) <= 6
+        assert all(p.num_new == 1 for p in plan.scheduled if not p.is_prefill)
+    decode_tokens = sum(1 for plan in plans for p in plan.scheduled if not p.is_prefill)
+    assert decode_tokens == 3 * (GREEDY.max_tokens - 1)  # every token but the first comes from a decode step
+    stop()
+    engine.add_request(prompt_ids[0], GREEDY)
+    engine.step()
+    assert len(plans) == len(steps), "an unobserved engine calls nobody"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt, params, param, code, words", [
+    ([], GREEDY, "prompt", None, "prompt is empty"),
+    ([1, 2, 10**9], GREEDY, "prompt", None, "outside the vocabulary"),
+    ([1, 2], SamplingParams(stop_token_ids=[10**9]), "stop_token_ids", None, "outside the vocabulary"),
+    ([1, 2], SamplingParams(n=5), "n", None, "n = 5 exceeds this engine's max_num_seqs (4)"),
+    ([1] * 400, GREEDY, "prompt", "context_length_exceeded", "maximum context length is 400 tokens"),
+    ([1] * 390, GREEDY, "max_tokens", "context_length_exceeded", "you requested 402 tokens"),
+])
+def test_requests_that_cannot_run_are_rejected_with_the_field_and_code(parts, prompt, params, param, code, words):
+    from minillm.runtime.paged_cache import bytes_per_token
+
+    engine = LLMEngine(*parts, max_num_seqs=4, block_size=4, kv_cache_bytes=bytes_per_token(parts[0].config) * 400)
+    with pytest.raises(RequestRejected, match=re.escape(words)) as e:
+        engine.add_request(prompt, params)
+    assert isinstance(e.value, ValueError) and (e.value.param, e.value.code) == (param, code)
+    assert not engine.has_unfinished() and engine.stats().num_free_blocks == engine.stats().num_blocks
+
+
+@pytest.mark.slow
+def test_without_max_tokens_a_request_runs_to_the_longest_sequence_the_cache_holds(parts):
+    from minillm.runtime.paged_cache import bytes_per_token
+
+    engine = LLMEngine(*parts, block_size=4, kv_cache_bytes=bytes_per_token(parts[0].config) * 24)  # 24 tokens
+    rid = engine.add_request([1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    out = engine.pop_request(rid).outputs[0]
+    assert len(out.token_ids) == 24 - 4 and out.finish_reason == "length"
+
+
+# -----------------------------------------------------------------------------------------------
+# LLM.stream drives the same engine
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return LLM(smollm2_path)
+
+
+@pytest.mark.slow
+def test_stream_gives_generates_text_for_every_sampling_field(llm):
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=3,
+                            max_tokens=20, stop=[" the"], min_tokens=2)
+    whole = llm.generate(["Once upon a time"], params, use_tqdm=False)[0].outputs[0]
+    assert "".join(llm.stream("Once upon a time", params)) == whole.text
+    assert llm.engine.stats().num_free_blocks == llm.engine.stats().num_blocks
+
+
+@pytest.mark.slow
+def test_stream_refuses_n_above_one_and_bad_requests_before_it_starts(llm):
+    with pytest.raises(ValueError, match=r"stream yields one completion, but n = 2: use generate\(\) for n > 1"):
+        llm.stream("Once upon a time", SamplingParams(n=2))
+    with pytest.raises(RequestRejected, match="maximum context length") as e:
+        llm.stream([1] * llm.engine.stats().max_model_len, SamplingParams())
+    assert e.value.param == "prompt" and not llm.engine.has_unfinished()
+
+
+@pytest.mark.slow
+def test_leaving_a_stream_early_aborts_its_request(llm):
+    pieces = llm.stream("Once upon a time", SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    next(pieces)
+    assert llm.engine.stats().num_running == 1
+    pieces.close()  # what `break` in a for loop does
+    stats = llm.engine.stats()
+    assert not llm.engine.has_unfinished() and stats.num_free_blocks == stats.num_blocks

@@ -63,3 +63,21 @@ def test_every_exercise_test_fails_on_the_blank_stubs(tmp_path):
     assert declared_task_markers() <= graded_tasks, (
         f"task markers with no failing test: {sorted(declared_task_markers() - graded_tasks)}"
     )
+
+
+def test_every_task_marker_has_a_tasks_entry_naming_stub_and_reference():
+    tasks = {}
+    for chapter_module in CHAPTER_MODULES:
+        stubs = importlib.import_module(f"exercises.{chapter_module}")
+        for marker, names in stubs.TASKS.items():
+            assert marker not in tasks, f"{marker} is in the TASKS of both {tasks.get(marker)} and {chapter_module}"
+            assert marker.startswith(chapter_module[:5]), f"{chapter_module}.TASKS holds another chapter's {marker}"
+            tasks[marker] = chapter_module
+            assert names, f"{chapter_module}.TASKS[{marker!r}] names no function"
+            for name in names:
+                assert callable(getattr(stubs, name, None)), f"exercises/{chapter_module}.py has no {name} ({marker})"
+                assert name in stubs.REFERENCE, f"{chapter_module}.REFERENCE lacks {name} ({marker})"
+    assert set(tasks) == declared_task_markers(), (
+        f"markers without a TASKS entry: {sorted(declared_task_markers() - set(tasks))}; "
+        f"TASKS entries without a marker: {sorted(set(tasks) - declared_task_markers())}"
+    )

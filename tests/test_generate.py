@@ -59,7 +59,7 @@ def test_greedy_chat_matches_transformers(llm, hf_smollm2, messages):
 
 @pytest.mark.slow
 def test_the_reference_answer_ends_at_eos(llm):
-    """REFERENCE.md: the greedy answer is "The capital of France is Paris." then <|im_end|>."""
+    """The fact to match (read off transformers on the default model): the greedy answer is "The capital of France is Paris." then <|im_end|>."""
     out = llm.chat(CHATS[0], SamplingParams(temperature=0.0, max_tokens=32))
     assert out.text == "The capital of France is Paris."
     assert out.finish_reason == "stop" and out.token_ids[-1] == llm.tokenizer.eos_id
@@ -125,7 +125,7 @@ def test_check_prompt_fits():
 
 @pytest.mark.slow
 @pytest.mark.ch06_decode_step
-def test_decode_steps_give_transformers_next_token_logits(impl, llm, hf_smollm2):
+def test_decode_steps_give_transformers_next_token_logits(impl, llm, request):
     """Prefill a prompt into cache slot 1 of 2, then two decode steps: each step's logits must be
     transformers' logits at that position of the whole sequence, run without any cache."""
     g = impl("ch06_generation")
@@ -137,7 +137,8 @@ def test_decode_steps_give_transformers_next_token_logits(impl, llm, hf_smollm2)
         logits = g.decode_step(model, cache, sequence[-1], len(sequence) - 1, slot=1)  # (V,)
         steps.append(logits)
         sequence.append(int(np.argmax(logits)))
-    hf_model, _ = hf_smollm2
+    # The oracle loads only now: a blank stub fails above without paying for transformers (~2 min).
+    hf_model, _ = request.getfixturevalue("hf_smollm2")
     with torch.no_grad():
         expected = hf_model(torch.tensor([sequence[:-1]])).logits[0, -2:].numpy()  # (2, V)
     for ours, theirs in zip(steps, expected):

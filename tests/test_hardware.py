@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minillm.hardware import gpu, microbench, roofline
-from minillm.hardware.machine import describe_machine, package_versions
+from minillm.hardware.machine import compile_target, describe_machine, package_versions
 from minillm.hardware.microbench import KIB, MIB
 
 # The H100 example of chapter 01: 70B parameters at 1 byte/weight, 3.35 TB/s HBM, 989 TFLOP/s BF16.
@@ -235,3 +235,35 @@ def test_sweep_sizes():
     assert microbench.sweep_sizes(16 * KIB, 1 * MIB, 4) == [16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB]
     with pytest.raises(ValueError):
         microbench.sweep_sizes(0, 1 * MIB)
+
+
+@pytest.mark.parametrize("cpu, features, bits, vnni", [
+    ("haswell", "", 256, False),                       # the named CPU's own features: AVX2
+    ("znver3", "", 256, False),
+    ("skylake-avx512", "", 512, False),
+    ("sapphirerapids", "", 512, True),
+    ("haswell", "+avx512f,+avx512bw", 512, False),     # "+f" on top of the named CPU
+    ("sapphirerapids", "-avx512f", 256, True),
+])
+def test_compile_target_combines_the_cpu_name_and_features_as_numba_does(monkeypatch, cpu, features, bits, vnni):
+    from numba.core import config
+
+    if describe_machine().architecture not in ("x86_64", "AMD64"):
+        pytest.skip("x86 CPU names")
+    monkeypatch.setattr(config, "CPU_NAME", cpu)
+    monkeypatch.setattr(config, "CPU_FEATURES", features)
+    target = compile_target()
+    assert (target.cpu_name, target.vector_bits, target.vnni) == (cpu, bits, vnni)
+
+
+def test_a_cpu_name_alone_keeps_the_host_features(monkeypatch):
+    """NUMBA_CPU_NAME without NUMBA_CPU_FEATURES: Numba passes the host's feature list to LLVM, so
+    the code keeps the host's vector width (what the generated assembly shows)."""
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CPU_NAME", None)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+    host = compile_target()
+    monkeypatch.setattr(config, "CPU_NAME", "haswell")
+    named = compile_target()
+    assert named.overridden and (named.vector_bits, named.vnni) == (host.vector_bits, host.vnni)

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from minillm.kernels import cpu, cpu_rows, reference, registry
 from minillm.kernels.quant import dequantize_reference, quantize
@@ -223,6 +222,9 @@ def test_rope_table_matches_a_float64_derivation():
 
 
 def test_reference_rope_half_matches_transformers():
+    # imported here: only this test needs it, and it costs ~15 s of every ch02 course.check
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
     x = rand(12, H, DH, seed=26)
     cos, sin = reference.rope_table(DH, 512, THETA)
     positions = np.random.default_rng(27).integers(0, 512, 12)
@@ -312,6 +314,29 @@ def test_rope_rotates_in_place_on_the_parallel_path(style):
     out = cpu.rope(x, positions, cos, sin, style)
     assert out is x
     assert_close(x, expected)
+
+
+def test_rope_refuses_positions_outside_the_tables_without_touching_x():
+    cos, sin = reference.rope_table(DH, 16, THETA)
+    for positions in (np.array([3, 16]), np.array([-1, 2])):
+        for x in (rand(2, H, DH, seed=45), rand(2000, H, DH, seed=45)[:2]):  # serial path, and a view
+            before = x.copy()
+            with pytest.raises(ValueError, match=r"positions must lie in \[0, 16\)"):
+                cpu.rope(x, positions, cos, sin, "half")
+            np.testing.assert_array_equal(x, before)
+
+
+@pytest.mark.parametrize("T", [1, 3, 300])
+def test_rope_rotates_a_strided_view_of_stacked_heads(T):
+    """The model rotates q and k heads together, as a view of its stacked (T, H + 2Hkv, Dh) qkv."""
+    qkv = rand(T, 15, DH, seed=46)
+    cos, sin = reference.rope_table(DH, 512, THETA)
+    positions = np.arange(100, 100 + T)
+    expected = reference.rope(qkv[:, :12], positions, cos, sin, "pairs")
+    v_before = qkv[:, 12:].copy()
+    cpu.rope(qkv[:, :12], positions, cos, sin, "pairs")
+    assert_close(qkv[:, :12], expected)
+    np.testing.assert_array_equal(qkv[:, 12:], v_before)  # the v heads are left alone
 
 
 @pytest.mark.parametrize("T,start,S,n_heads,n_kv,head_dim", ATTENTION_CASES)

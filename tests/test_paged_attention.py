@@ -211,7 +211,7 @@ def test_bytes_per_token_is_what_the_cache_arrays_take():
 def test_metadata_build_pads_the_tables_and_maps_each_new_token_to_its_slot():
     meta = PagedAttentionMetadata.build([2, 1], [2, 4], [[7, 2], [5, 1, 9]], block_size=2)
     np.testing.assert_array_equal(meta.block_tables, [[7, 2, 0], [5, 1, 9]])
-    np.testing.assert_array_equal(meta.positions(), [2, 3, 4])
+    np.testing.assert_array_equal(meta.positions, [2, 3, 4])
     np.testing.assert_array_equal(meta.slot_mapping, [2 * 2 + 0, 2 * 2 + 1, 9 * 2 + 0])
     with pytest.raises(ValueError, match="one each per sequence"):
         PagedAttentionMetadata.build([2], [3, 4], [[7, 2], [5]], block_size=2)
@@ -285,4 +285,4 @@ def test_the_paged_cache_refuses_contiguous_metadata():
     cache = PagedKVCache(CONFIG, num_blocks=4, block_size=4)
     meta = AttentionMetadata([1], [0], [0])
     with pytest.raises(TypeError, match="PagedAttentionMetadata"):
-        cache.write(0, np.zeros((1, 2, HEAD_DIM), np.float32), np.zeros((1, 2, HEAD_DIM), np.float32), meta)
+        cache.check(meta)  # the forward asks once per batch, before any layer writes

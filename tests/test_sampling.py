@@ -41,6 +41,30 @@ def test_temperature_zero_is_argmax_with_ties_to_the_lowest_id():
     np.testing.assert_array_equal(Sampler().sample(logits, states).token_ids, logits.argmax(axis=1))
 
 
+def test_greedy_fast_path_picks_what_the_full_pipeline_picks_ties_included():
+    """Plain greedy rows take the argmax fast path; logprobs=0 sends the same rows through the
+    general pipeline. Both must choose the lowest id among the tied maxima (found here by hand)."""
+    rng = np.random.default_rng(4)
+    logits = rng.integers(-3, 4, size=(16, 50)).astype(np.float32)  # small integers: ties everywhere
+    logits[3] = 2.0                                                   # a row that is all one tie
+    logits[5, :10] = -np.inf                                          # masked tokens
+    expected = [min(i for i, v in enumerate(row) if v == row.max()) for row in logits]
+    fast = Sampler().sample(logits, [SamplingState(SamplingParams(temperature=0.0)) for _ in range(16)])
+    full = Sampler().sample(logits, [SamplingState(SamplingParams(temperature=0.0, logprobs=0)) for _ in range(16)])
+    np.testing.assert_array_equal(fast.token_ids, expected)
+    np.testing.assert_array_equal(full.token_ids, expected)
+    assert fast.logprobs == [None] * 16 and all(lp is not None for lp in full.logprobs)
+
+
+def test_greedy_with_min_tokens_still_masks_eos():
+    """min_tokens changes the logits, so such a greedy row must not take the argmax shortcut."""
+    logits = np.array([[0.0, 9.0, 1.0]], dtype=np.float32)            # eos (id 1) is the argmax
+    state = SamplingState(SamplingParams(temperature=0.0, min_tokens=1))
+    assert Sampler(eos_token_ids=[1]).sample(logits, [state]).token_ids[0] == 2
+    state.output_ids.append(2)                                        # min_tokens reached: eos allowed
+    assert Sampler(eos_token_ids=[1]).sample(logits, [state]).token_ids[0] == 1
+
+
 # -----------------------------------------------------------------------------------------------
 # Filters
 

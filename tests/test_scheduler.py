@@ -8,21 +8,12 @@ import hashlib
 
 from hypothesis import given, settings, strategies as st
 
-from minillm.generation.output import OutputBuilder
 from minillm.generation.sampling import SamplingParams
 from minillm.runtime.block_manager import BlockManager
 from minillm.runtime.scheduler import Scheduler
 from minillm.runtime.sequence import Sequence, Status
 
 VOCAB = 1000
-
-
-class FakeTokenizer:
-    eos_id = None
-    special_ids = frozenset()
-
-    def token_bytes(self, token_id):
-        return b"x"
 
 
 def next_token(token_ids):
@@ -32,7 +23,16 @@ def next_token(token_ids):
 def make_seq(i, prompt_len, max_tokens):
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     prompt = [(i * 31 + j) % VOCAB for j in range(prompt_len)]
-    return Sequence(i, str(i), prompt, params, OutputBuilder(FakeTokenizer(), params, prompt_len, 10_000))
+    return Sequence(i, str(i), prompt, params)
+
+
+def draw_token(sched, seq) -> bool:
+    """The simulated model's next token; the sequence ends at max_tokens (no eos here). True if it ended."""
+    seq.append_token(next_token(seq.token_ids))
+    if len(seq.output_ids) == seq.params.max_tokens:
+        sched.finish(seq)
+        return True
+    return False
 
 
 def run(workload, num_blocks, block_size, max_num_seqs, budget):
@@ -57,11 +57,9 @@ def run(workload, num_blocks, block_size, max_num_seqs, budget):
         assert admitted == waiting_before[: len(admitted)]
         assert all(s.num_new >= 1 for s in plan.scheduled)
         sampling = [s.seq for s in plan.scheduled if s.completes_prefill]  # as LLMEngine.step does
-        sched.computed(plan.scheduled)
+        sched.mark_computed(plan.scheduled)
         for seq in sampling:
-            seq.builder.append(next_token(seq.token_ids))
-            if seq.builder.finished:
-                sched.finish(seq)
+            if draw_token(sched, seq):
                 finished_count[seq.seq_id] = finished_count.get(seq.seq_id, 0) + 1
         step += 1
     return seqs, bm, sched, finished_count
@@ -108,7 +106,7 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_budget():
     while seq.num_computed < 30:
         plan = sched.schedule()
         chunks.append(plan.scheduled[0].num_new)
-        sched.computed(plan.scheduled)
+        sched.mark_computed(plan.scheduled)
     assert chunks == [8, 8, 8, 6]
 
 
@@ -118,13 +116,13 @@ def test_abort_in_every_state_frees_blocks():
     running, mid_prefill, waiting = make_seq(0, 3, 5), make_seq(1, 10, 5), make_seq(2, 3, 5)
     sched.add(running)
     plan = sched.schedule()
-    sched.computed(plan.scheduled)
-    running.builder.append(7)
+    sched.mark_computed(plan.scheduled)
+    running.append_token(7)
     sched.finish(running)  # abort while running (decoding)
     sched.add(mid_prefill)
     sched.add(waiting)
     plan = sched.schedule()
-    sched.computed(plan.scheduled)
+    sched.mark_computed(plan.scheduled)
     assert mid_prefill.num_computed == 4 < 10
     sched.finish(mid_prefill)  # abort mid-prefill
     sched.finish(waiting)      # abort while waiting (never admitted)

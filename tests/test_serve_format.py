@@ -90,7 +90,7 @@ def error_of(body: dict | str, model=CompletionRequest) -> APIError:
     with pytest.raises(APIError) as e:
         request = parse_request(raw.encode(), model)
         request.check_stream_options()
-        request.to_sampling_params(16)
+        request.to_sampling_params()
     return e.value
 
 
@@ -124,7 +124,7 @@ def test_chat_names_its_own_fields():
     assert error_of(robot, ChatCompletionRequest).param == "messages"
     max_tokens = parse_request(json.dumps({**base, "max_completion_tokens": 0}).encode(), ChatCompletionRequest)
     with pytest.raises(APIError) as e:
-        max_tokens.to_sampling_params(0)
+        max_tokens.to_sampling_params()
     assert e.value.param == "max_completion_tokens"
 
 
@@ -133,9 +133,9 @@ def test_accepted_fields_reach_sampling_params():
             "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": "\n", "logprobs": True, "top_logprobs": 3,
             "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 2,
             "stop_token_ids": [5], "presence_penalty": 0.5, "frequency_penalty": -0.5, "user": "someone",
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 10}
     request = parse_request(json.dumps(body).encode(), ChatCompletionRequest)
-    p = request.to_sampling_params(10)
+    p = request.to_sampling_params()
     assert (p.temperature, p.top_p, p.seed, p.stop, p.logprobs, p.top_k, p.min_p) == (0.5, 0.9, 7, ["\n"], 3, 5, 0.1)
     assert (p.repetition_penalty, p.ignore_eos, p.min_tokens, p.stop_token_ids, p.max_tokens) == (1.2, True, 2, [5], 10)
     assert (p.presence_penalty, p.frequency_penalty) == (0.5, -0.5)
@@ -143,5 +143,5 @@ def test_accepted_fields_reach_sampling_params():
 
 
 def test_openai_defaults_apply_when_fields_are_absent_or_null():
-    p = parse_request(b'{"model": "m", "prompt": "hi", "temperature": null}', CompletionRequest).to_sampling_params(16)
+    p = parse_request(b'{"model": "m", "prompt": "hi", "temperature": null}', CompletionRequest).to_sampling_params()
     assert (p.n, p.temperature, p.top_p, p.max_tokens, p.logprobs, p.stop) == (1, 1.0, 1.0, 16, None, [])

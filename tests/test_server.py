@@ -58,9 +58,11 @@ def wait_until(condition, what: str, timeout: float = 300.0) -> None:
 
 def assert_all_blocks_free(server) -> None:
     engine, streams = server.app.state.llm.engine, server.app.state.engine.streams
-    bm = engine.block_manager
-    wait_until(lambda: not engine.has_unfinished() and not streams and bm.num_free_blocks == bm.num_blocks,
-               "every request is gone and every KV block is free")
+
+    def all_free():
+        stats = engine.stats()
+        return not engine.has_unfinished() and not streams and stats.num_free_blocks == stats.num_blocks
+    wait_until(all_free, "every request is gone and every KV block is free")
 
 
 def read_metrics(server) -> dict[str, float]:
@@ -218,6 +220,39 @@ def test_bad_requests_raise_the_clients_errors(client, model, server):
     assert_all_blocks_free(server)
 
 
+def test_the_engines_rejections_become_400s_naming_this_requests_field(server, model):
+    """The engine alone checks a request against its limits; its RequestRejected carries the field and
+    OpenAI's code, and each endpoint names the field as its client sent it."""
+    limit = server.app.state.llm.engine.stats().max_model_len
+    question = {"model": model, "messages": QUESTION}
+    cases = [  # (path, body, param, code)
+        ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": limit}, "max_tokens",
+         "context_length_exceeded"),
+        ("/v1/chat/completions", {**question, "max_completion_tokens": limit}, "max_completion_tokens",
+         "context_length_exceeded"),
+        ("/v1/chat/completions", {**question, "max_tokens": limit}, "max_tokens", "context_length_exceeded"),
+        ("/v1/completions", {"model": model, "prompt": [7] * limit}, "prompt", "context_length_exceeded"),
+        ("/v1/chat/completions", {**question, "messages": [{"role": "user", "content": "word " * limit}]},
+         "messages", "context_length_exceeded"),
+        ("/v1/completions", {"model": model, "prompt": "hi", "n": 33}, "n", None),
+        ("/v1/chat/completions", {**question, "stop_token_ids": [10**9]}, "stop_token_ids", None),
+    ]
+    with httpx.Client(base_url=server.url, timeout=None) as http:
+        for path, body, param, code in cases:
+            response = http.post(path, json=body)
+            assert response.status_code == 400, (path, body, response.text)
+            error = response.json()["error"]
+            assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error"), error
+    assert_all_blocks_free(server)
+
+
+def test_models_advertises_the_engines_limit(client, server):
+    stats = server.app.state.llm.engine.stats()
+    assert client.models.list().data[0].model_extra["max_model_len"] == stats.max_model_len
+    assert stats.max_model_len == min(server.app.state.llm.model.config.context_length,
+                                      stats.num_blocks * stats.block_size)
+
+
 def test_an_engine_failure_mid_stream_reaches_the_client_as_an_error(client, model, server, monkeypatch):
     engine = server.app.state.llm.engine
 
@@ -275,7 +310,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server, model):
                 texts += line.startswith("data: ")
                 if texts == 3:
                     break
-            assert engine.num_running == 1 and engine.block_manager.usage > 0
+            stats = engine.stats()
+            assert stats.num_running == 1 and stats.kv_cache_usage > 0
     # the connection is closed: the server notices, aborts the request and frees its blocks
     wait_until(lambda: read_metrics(server)[("minillm:num_requests_running", None)] == 0, "running drops to 0")
     wait_until(lambda: read_metrics(server)[("minillm:kv_cache_usage_perc", None)] == 0, "KV usage drops to 0")
@@ -401,7 +437,8 @@ def test_shutdown_finishes_in_flight_requests_then_stops_the_engine(smollm2_path
     texts = [json.loads(line[6:])["choices"][0] for line in rest[:-1]]
     assert texts[-1]["finish_reason"] == "length"
     assert not async_engine.thread.is_alive()
-    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+    stats = llm.engine.stats()
+    assert stats.num_free_blocks == stats.num_blocks
 
 
 def test_bench_serve_command_line(server, smollm2_path, tmp_path, capsys):

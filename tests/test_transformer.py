@@ -10,6 +10,7 @@ Tolerance: both sides compute in float32 with different summation orders (BLAS v
 softmax in another order); over 2 layers the logits agree to ~1e-6, we demand RTOL = ATOL = 1e-4.
 On SmolLM2 (30 layers, logits of size ~20) they agree to ~1e-4; we demand 1e-3 and equal argmaxes.
 """
+import dataclasses
 from itertools import zip_longest
 
 import numpy as np
@@ -24,7 +25,7 @@ from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.gguf import write_gguf
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
-from minillm.model.layers import LayerWeights
+from minillm.model.layers import LayerContext, LayerWeights, decoder_layer
 from minillm.model.loader import load_model
 
 RTOL = ATOL = 1e-4
@@ -100,7 +101,7 @@ def test_flat_batch_of_prompts_matches_transformers(tiny_pair):
     seqs = prompts([5, 1, 9, 3])
     meta = AttentionMetadata(query_lens=[len(s) for s in seqs], context_lens=[0] * 4, seq_slots=[2, 0, 3, 1],
                              logits_indices=np.arange(18))
-    logits = model.forward(np.concatenate(seqs), meta.positions(), meta, model.new_cache(4, 16))  # (18, V)
+    logits = model.forward(np.concatenate(seqs), meta, model.new_cache(4, 16))  # (18, V)
     for b, seq in enumerate(seqs):
         rows = logits[meta.query_starts[b]:meta.query_starts[b + 1]]  # (T, V)
         np.testing.assert_allclose(rows, hf_logits(hf, seq), rtol=RTOL, atol=ATOL, err_msg=f"sequence {b}")
@@ -113,7 +114,7 @@ def test_reference_backend_runs_the_same_forward(tmp_path):
     model = load_model(tmp_path, backend="reference")
     seqs = prompts([6, 3], seed=9)
     meta = AttentionMetadata(query_lens=[6, 3], context_lens=[0, 0], seq_slots=[0, 1], logits_indices=np.arange(9))
-    logits = model.forward(np.concatenate(seqs), meta.positions(), meta, model.new_cache(2, 8))  # (9, V)
+    logits = model.forward(np.concatenate(seqs), meta, model.new_cache(2, 8))  # (9, V)
     np.testing.assert_allclose(logits[:6], hf_logits(hf, seqs[0]), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(logits[6:], hf_logits(hf, seqs[1]), rtol=RTOL, atol=ATOL)
 
@@ -122,7 +123,7 @@ def test_default_logits_are_each_sequences_last_token(tiny_pair):
     hf, model = tiny_pair
     seqs = prompts([4, 7], seed=2)
     meta = AttentionMetadata(query_lens=[4, 7], context_lens=[0, 0], seq_slots=[0, 1])
-    logits = model.forward(np.concatenate(seqs), meta.positions(), meta, model.new_cache(2, 8))  # (2, V)
+    logits = model.forward(np.concatenate(seqs), meta, model.new_cache(2, 8))  # (2, V)
     expected = np.stack([hf_logits(hf, s)[-1] for s in seqs])  # (2, V)
     np.testing.assert_allclose(logits, expected, rtol=RTOL, atol=ATOL)
 
@@ -139,7 +140,7 @@ def run_schedule(model, seqs, chunks, slots, max_len) -> list[np.ndarray]:
                                  seq_slots=[slots[b] for b, _ in batch],
                                  logits_indices=np.arange(sum(n for _, n in batch)))
         tokens = np.concatenate([seqs[b][done[b]:done[b] + n] for b, n in batch])  # (N,)
-        logits = model.forward(tokens, meta.positions(), meta, cache)              # (N, V)
+        logits = model.forward(tokens, meta, cache)                                # (N, V)
         for i, (b, n) in enumerate(batch):
             rows[b].append(logits[meta.query_starts[i]:meta.query_starts[i + 1]])
             done[b] += n
@@ -169,7 +170,7 @@ def test_cache_refuses_a_sequence_past_max_len(tiny_pair):
     _, model = tiny_pair
     meta = AttentionMetadata(query_lens=[3], context_lens=[6], seq_slots=[0])
     with pytest.raises(ValueError, match="max_len 8"):
-        model.forward(np.zeros(3, dtype=np.int64), meta.positions(), meta, model.new_cache(1, 8))
+        model.forward(np.zeros(3, dtype=np.int64), meta, model.new_cache(1, 8))
 
 
 def test_forward_refuses_bad_batches(tiny_pair):
@@ -177,20 +178,25 @@ def test_forward_refuses_bad_batches(tiny_pair):
     meta = AttentionMetadata(query_lens=[2], context_lens=[0], seq_slots=[0])
     cache = model.new_cache(1, 8)
     with pytest.raises(ValueError, match="token ids"):
-        model.forward(np.array([1, VOCAB]), meta.positions(), meta, cache)
+        model.forward(np.array([1, VOCAB]), meta, cache)
     with pytest.raises(ValueError, match="describes 2"):
-        model.forward(np.array([1, 2, 3]), np.arange(3), meta, cache)
+        model.forward(np.array([1, 2, 3]), meta, cache)
+    past_context = AttentionMetadata(query_lens=[2], context_lens=[CONTEXT - 1], seq_slots=[0])  # positions C-1, C
     with pytest.raises(ValueError, match="context length"):
-        model.forward(np.array([1, 2]), np.array([0, CONTEXT]), meta, cache)
+        model.forward(np.array([1, 2]), past_context, model.new_cache(1, CONTEXT + 1))
 
 
 def test_attention_metadata_derives_starts_positions_and_logit_rows():
     meta = AttentionMetadata(query_lens=[3, 1, 2], context_lens=[0, 7, 4], seq_slots=[0, 1, 2])
     np.testing.assert_array_equal(meta.query_starts, [0, 3, 4, 6])
-    np.testing.assert_array_equal(meta.positions(), [0, 1, 2, 7, 4, 5])
+    np.testing.assert_array_equal(meta.positions, [0, 1, 2, 7, 4, 5])
     np.testing.assert_array_equal(meta.logits_indices, [2, 3, 5])
+    assert meta.max_position == 7
+    np.testing.assert_array_equal(AttentionMetadata([1], [20], [0]).positions, [20])  # a decode step
     with pytest.raises(ValueError, match="share a cache slot"):
         AttentionMetadata(query_lens=[1, 1], context_lens=[0, 0], seq_slots=[0, 0])
+    with pytest.raises(ValueError, match="seq_slots must be >= 0"):
+        AttentionMetadata(query_lens=[1], context_lens=[0], seq_slots=[-1])
 
 
 def test_load_model_names_a_missing_tensor(tmp_path):
@@ -269,7 +275,7 @@ def test_gguf_model_matches_transformers_reading_the_same_file(tmp_path, linear_
 
     seqs = prompts([7, 12], seed=6)
     meta = AttentionMetadata(query_lens=[7, 12], context_lens=[0, 0], seq_slots=[0, 1], logits_indices=np.arange(19))
-    logits = model.forward(np.concatenate(seqs), meta.positions(), meta, model.new_cache(2, 16))  # (19, V)
+    logits = model.forward(np.concatenate(seqs), meta, model.new_cache(2, 16))  # (19, V)
     np.testing.assert_allclose(logits[:7], hf_logits(oracle, seqs[0]), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(logits[7:], hf_logits(oracle, seqs[1]), rtol=RTOL, atol=ATOL)
     [decoded] = run_schedule(model, seqs[1:], [[5] + [1] * 7], slots=[0], max_len=12)  # the packed matvec path
@@ -298,7 +304,7 @@ def smollm2(smollm2_path, hf_smollm2):
 def test_smollm2_logits_match_transformers(smollm2):
     model, ids, expected = smollm2
     meta = AttentionMetadata(query_lens=[32], context_lens=[0], seq_slots=[0], logits_indices=np.arange(32))
-    logits = model.forward(ids, meta.positions(), meta, model.new_cache(1, 32))  # (32, V)
+    logits = model.forward(ids, meta, model.new_cache(1, 32))  # (32, V)
     max_diff = np.abs(logits - expected).max()
     print(f"SmolLM2-135M Q4_1, 32 tokens: max |logit difference| vs transformers = {max_diff:.2e}")
     assert max_diff < SMOLLM2_ATOL
@@ -367,13 +373,53 @@ def test_decoder_layer_matches_transformers(impl, family):
                             position_embeddings=rotary_cls(hf_config)(x, positions))[0].numpy()  # (T, D)
 
     config = ModelConfig.from_hf_config(hf_config.to_dict())
-    ops = get_backend("numba")
-    rope = ops.rope_table(config.head_dim, config.context_length, config.rope_theta)  # (cos, sin)
+    ctx = LayerContext.build(config, get_backend("numba"))  # config, kernel ops, RoPE tables
     weights = layer_weights_of(hf_layer)
     cache = ContiguousKVCache(config, n_slots=1, max_len=16)
     outputs = []
     for first, last in [(0, 7), (7, 11)]:
         meta = AttentionMetadata(query_lens=[last - first], context_lens=[first], seq_slots=[0])
-        out = m.decoder_layer(x[0, first:last].numpy(), meta.positions(), weights, 0, cache, meta, config, ops, rope)
+        out = m.decoder_layer(x[0, first:last].numpy(), weights, 0, cache, meta, ctx)
         outputs.append(out)  # (T_chunk, D)
     np.testing.assert_allclose(np.concatenate(outputs), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_layer_weights_stack_qkv_and_gate_up_as_views_of_one_copy():
+    rng = np.random.default_rng(3)
+    w = {name: quantize(rng.standard_normal((rows, HIDDEN)).astype(np.float32), "Q4_1")
+         for name, rows in [("wq", 64), ("wk", 32), ("wv", 32), ("w_gate", FFN), ("w_up", FFN)]}
+    fp32 = rng.standard_normal((HIDDEN, 64)).astype(np.float32)
+    norm = np.ones(HIDDEN, np.float32)
+    lw = LayerWeights(attn_norm=norm, wo=fp32, mlp_norm=norm, w_down=fp32.T.copy(), **w)
+    [qkv] = lw.qkv
+    assert qkv.shape == (128, HIDDEN) and lw.gate_up[0].shape == (2 * FFN, HIDDEN)
+    for name, original in w.items():
+        stacked = getattr(lw, name)
+        assert stacked.shape == original.shape
+        np.testing.assert_array_equal(stacked.data, original.data)
+    assert np.shares_memory(lw.wk.data, qkv.data) and np.shares_memory(lw.w_up.data, lw.gate_up[0].data)
+    mixed = LayerWeights(attn_norm=norm, wo=fp32, mlp_norm=norm, w_down=fp32.T.copy(),
+                         **(w | {"wv": quantize(rng.standard_normal((32, HIDDEN)).astype(np.float32), "Q8_0")}))
+    assert len(mixed.qkv) == 3 and len(mixed.gate_up) == 1  # formats differ: three matvecs, outputs joined
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_decoder_layer_with_unstackable_weights_matches_the_stacked_one(family):
+    """wv in another block format than wq/wk (as some GGUF files mix them): the q, k, v matvecs
+    run apart and their outputs are joined - the same layer output as stacked weights holding
+    the same (dequantized) values."""
+    torch.manual_seed(9)
+    hf_config = tiny_config(family, tied=True)
+    hf_layer = DECODER_LAYERS[family][0](hf_config, layer_idx=0).eval()
+    randomize_norms(hf_layer)
+    config = ModelConfig.from_hf_config(hf_config.to_dict())
+    ctx = LayerContext.build(config, get_backend("numba"))
+    fp32 = layer_weights_of(hf_layer)
+    wv = quantize(fp32.wv, "Q8_0")
+    mixed = dataclasses.replace(fp32, wv=wv)                  # fp32 wq, wk next to a Q8_0 wv: not stackable
+    same_values = dataclasses.replace(fp32, wv=wv.dequantize())  # the same numbers, all fp32: stacked
+    assert len(mixed.qkv) == 3 and len(same_values.qkv) == 1
+    x = np.random.default_rng(2).standard_normal((5, HIDDEN)).astype(np.float32)  # (T, D)
+    meta = AttentionMetadata(query_lens=[5], context_lens=[0], seq_slots=[0])
+    outs = [decoder_layer(x, w, 0, ContiguousKVCache(config, 1, 8), meta, ctx) for w in (mixed, same_values)]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=RTOL, atol=ATOL)

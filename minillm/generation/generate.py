@@ -54,7 +54,7 @@ def prefill(model: Model, cache: KVCache, prompt_ids: Sequence[int], slot: int =
     """Run the whole prompt through the model into an empty cache slot -> the next token's logits (V,)."""
     ids = np.asarray(prompt_ids, dtype=np.int64)                       # (T,)
     meta = AttentionMetadata(query_lens=[len(ids)], context_lens=[0], seq_slots=[slot])
-    logits = model.forward(ids, np.arange(len(ids)), meta, cache)      # (1, V) only the last row
+    logits = model.forward(ids, meta, cache)                           # (1, V) only the last row
     return logits[0]                                                   # (V,)
 
 
@@ -66,7 +66,7 @@ def decode_step(model: Model, cache: KVCache, token_id: int, position: int, slot
     Without the cache it would have to re-run all position + 1 tokens.
     """
     meta = AttentionMetadata(query_lens=[1], context_lens=[position], seq_slots=[slot])
-    logits = model.forward(np.array([token_id]), np.array([position]), meta, cache)  # (1, V)
+    logits = model.forward(np.array([token_id]), meta, cache)          # (1, V)
     return logits[0]                                                   # (V,)
 
 

@@ -257,6 +257,13 @@ def draw(logits: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
 # The batched sampler
 
 
+def _argmax_only(state: SamplingState) -> bool:
+    """Greedy with nothing that changes the logits first (penalties, min_tokens) and no logprobs."""
+    p = state.params
+    return (p.greedy and p.logprobs is None and len(state.output_ids) >= p.min_tokens
+            and not (p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1))
+
+
 class Sampler:
     """Samples one token for each row of a (B, V) logits batch, each row with its own parameters."""
 
@@ -268,6 +275,11 @@ class Sampler:
         if raw.ndim != 2 or raw.shape[0] != len(states):
             raise ValueError(f"logits must be (batch, vocab) with one row per state; got {raw.shape} "
                              f"for {len(states)} states")
+        if all(_argmax_only(s) for s in states):
+            # The greedy fast path: argmax of the raw logits is the whole answer. It skips the
+            # float64 copy of the (B, V) logits and the per-row pipeline: at B = 1 on SmolLM2
+            # (V = 49152) the general path takes ~30 us, this one ~5 us.
+            return SampleResult(np.argmax(raw, axis=-1), [None] * len(states))  # (B,) ties: lowest id
         params = [s.params for s in states]
         x = self._mask_stop_tokens(raw.astype(np.float64), states)              # (B, V)
 

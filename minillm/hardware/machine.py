@@ -101,8 +101,11 @@ AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "ice
 class CompileTarget:
     """The CPU Numba generates code for: the host, unless ``NUMBA_CPU_NAME`` names another one.
 
-    ``NUMBA_CPU_NAME=haswell`` (or ``znver3``) on an AVX-512 machine compiles AVX2 code, so both
-    code paths can be measured on one host; every benchmark result records which one ran.
+    Numba hands LLVM a CPU name and a feature list. ``NUMBA_CPU_NAME`` alone changes only the name:
+    the feature list is still the host's, so on an AVX-512 host ``NUMBA_CPU_NAME=haswell`` still
+    emits 512-bit code (checked in the assembly). ``NUMBA_CPU_FEATURES=""`` as well takes the named
+    CPU's own features: ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""`` compiles real AVX2 code,
+    so both code paths can be measured on one host; every benchmark result records which one ran.
     """
     cpu_name: str                # LLVM's name for the target CPU
     overridden: bool             # True when NUMBA_CPU_NAME chose it (not the host)
@@ -117,27 +120,38 @@ class CompileTarget:
         return {512: "avx512", 256: "avx2"}.get(self.vector_bits, "sse")
 
 
+PRE_AVX2_CPUS = ("x86-64", "x86-64-v2", "nehalem", "westmere", "sandybridge", "ivybridge")
+
+
+def _named_cpu_features(name: str) -> set[str]:
+    """The SIMD features (LLVM's names) of an x86 CPU LLVM knows by name, as far as this course cares."""
+    features = set() if name in PRE_AVX2_CPUS else {"avx2", "fma"}
+    if name in AVX512_CPUS:
+        features |= {"avx512f", "avx512bw"}
+        if name not in ("skylake-avx512", "cannonlake", "x86-64-v4"):
+            features.add("avx512vnni")
+    return features
+
+
 def compile_target() -> CompileTarget:
-    """What Numba compiles for in this process (read from numba's config, as Numba itself does)."""
+    """What Numba compiles for in this process: its CPU name and feature list, read from numba's
+    config and combined as Numba does (see ``CompileTarget``)."""
     from numba.core import config
 
     host = llvm.get_host_cpu_name()
     name = config.CPU_NAME or host
-    overridden = name != host
-    if overridden:
-        wide = name in AVX512_CPUS
-        avx2 = wide or name not in ("x86-64", "x86-64-v2", "nehalem", "westmere", "sandybridge", "ivybridge")
-        vnni = name in AVX512_CPUS[1:] and name not in ("cannonlake", "skylake-avx512")
-    else:
-        simd = set(_simd_features())
-        wide, avx2 = "avx512f" in simd, "avx2" in simd
-        host_features = {n for n, on in _host_features().items() if on}
-        vnni = "avx512vnni" in host_features or "avxvnni" in host_features
+    if config.CPU_FEATURES is None:      # Numba passes the host's feature list, whatever the name
+        features = {n for n, on in _host_features().items() if on}
+    else:                                # the named CPU's features, then "+f,-g" on top
+        features = _named_cpu_features(name)
+        for item in filter(None, (f.strip() for f in config.CPU_FEATURES.split(","))):
+            (features.add if item[0] == "+" else features.discard)(item[1:])
     if platform.machine() in ("arm64", "aarch64"):
         bits = 128
     else:
-        bits = 512 if wide else 256 if avx2 else 128
-    return CompileTarget(cpu_name=name, overridden=overridden, vector_bits=bits, vnni=vnni)
+        bits = 512 if "avx512f" in features else 256 if "avx2" in features else 128
+    vnni = "avx512vnni" in features or "avxvnni" in features
+    return CompileTarget(cpu_name=name, overridden=name != host, vector_bits=bits, vnni=vnni)
 
 
 def package_versions() -> dict[str, str]:

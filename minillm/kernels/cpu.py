@@ -84,17 +84,20 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (T, D) (or any (..., D)), weight (D,) -> x / rms(x) * weight, fused: two passes over each row."""
     shapes.check_rms_norm(x, weight)
     shapes.check_float32(x=x, weight=weight)
-    rows = x.reshape(-1, x.shape[-1])  # (T, D)
+    rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])  # (T, D)
     kernel = rms_norm_parallel if _parallel(rows.shape[0], rows.size) else rms_norm_serial
-    return kernel(rows, weight, np.float32(eps)).reshape(x.shape)  # (T, D)
+    out = kernel(rows, weight, np.float32(eps))  # (T, D)
+    return out if x.ndim == 2 else out.reshape(x.shape)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
     """Rotate x (T, H, Dh) in place by the angles of positions (T,); returns x. style "half" or "pairs"."""
-    shapes.check_rope(x, positions, cos, sin, style)
+    shapes.check_rope_shapes(x, positions, cos, sin, style)
     shapes.check_float32(x=x, cos=cos, sin=sin)
     kernel = rope_parallel if _parallel(x.shape[0], x.size) else rope_serial
-    return kernel(x, positions, cos, sin, style == "half")  # (T, H, Dh), the same array
+    if not kernel(x, positions, cos, sin, style == "half"):  # the kernel checks the positions' range
+        shapes.raise_rope_positions(positions, cos.shape[0])
+    return x  # (T, H, Dh), the same array
 
 
 def silu(x: np.ndarray) -> np.ndarray:

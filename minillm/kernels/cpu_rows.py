@@ -132,17 +132,32 @@ def _rope_token(x, cos, sin, half_style):
 
 
 @njit(**KERNEL)
+def _positions_fit(positions, n_positions):
+    """All positions index a row of the tables: checked in the kernel, where it costs nothing
+    (two NumPy reductions in Python cost more than rotating a decode token)."""
+    for t in range(positions.shape[0]):
+        if positions[t] < 0 or positions[t] >= n_positions:
+            return False
+    return True
+
+
+@njit(**KERNEL)
 def rope_serial(x, positions, cos, sin, half_style):
+    """Rotates x in place; False (x untouched) if a position lies outside the tables."""
+    if not _positions_fit(positions, cos.shape[0]):
+        return False
     for t in range(x.shape[0]):
         _rope_token(x[t], cos[positions[t]], sin[positions[t]], half_style)
-    return x
+    return True
 
 
 @njit(parallel=True, **KERNEL)
 def rope_parallel(x, positions, cos, sin, half_style):
+    if not _positions_fit(positions, cos.shape[0]):
+        return False
     for t in prange(x.shape[0]):
         _rope_token(x[t], cos[positions[t]], sin[positions[t]], half_style)
-    return x
+    return True
 
 
 # -----------------------------------------------------------------------------

@@ -1,195 +1,33 @@
-"""Block-quantized weights: the Q8_0, Q4_0 and Q4_1 formats of GGUF, and the operators that use them.
+"""Block-quantized weights: the operators that read them, and the dispatch the model calls.
 
-A quantized weight matrix is cut, along each row, into blocks of 32 weights. Each block stores a
-float16 scale (and, for Q4_1, a float16 minimum) followed by 32 small integers:
-
-    Q8_0  34 bytes = d (fp16) + 32 x int8 q                        w = q * d
-    Q4_0  18 bytes = d (fp16) + 16 bytes of nibbles, q in 0..15    w = (q - 8) * d
-    Q4_1  20 bytes = d (fp16) + m (fp16) + 16 bytes of nibbles     w = q * d + m
-
-In the 4-bit formats, byte j of the nibbles holds weight j in its low 4 bits and weight j + 16 in
-its high 4 bits (the two halves of the block, not neighbours).
-
-Three tiers, as everywhere in minillm:
+The formats (Q8_0, Q4_0, Q4_1), the quantizers and the NumPy reference live in quant_formats.py
+(re-exported here: ``quant.QMatrix``, ``quant.dequantize_reference``, ...). The tiers:
 - `dequantize_reference` and `qlinear_reference`: NumPy, written to be read - the specification.
-- `dequantize`, `qmatvec`, `qmatmul`, `qembedding`: Numba kernels. Decode is memory-bound, so the
-  matvec reads each packed byte exactly once and never writes fp32 weights anywhere; a batch is
-  compute-bound, so `qmatmul` decodes a tile of weights into cache once and reuses it T times.
+- `dequantize`, `qmatvec`, `qmatmul`, `qembedding`: Numba kernels on the GGUF bytes. Decode is
+  memory-bound, so the matvec reads each packed byte exactly once and never writes fp32 weights
+  anywhere; a batch is compute-bound, so `qmatmul` decodes a tile of weights into cache once and
+  reuses it T times.
+- the SIMD kernels on weights repacked at load time (`RepackedMatrix`, quant_repack.py): exact
+  fp32 activations (quant_fp32.py) or opt-in int8 activations (quant_int8.py). `qmatvec` and
+  `qlinear` take either kind of matrix.
 - `qlinear`: the dispatch the model calls (see its docstring for the rule).
 
-fp16 scales are converted to fp32 exactly; every dot product accumulates in fp32.
+fp16 scales are converted to fp32 exactly; in fp32 mode every dot product accumulates in fp32.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numba
 import numpy as np
 from numba import njit, prange
 
+from minillm.kernels import quant_fp32, quant_int8
 from minillm.kernels.cpu_matmul import matmul_nt_into
-
-# -----------------------------------------------------------------------------------------------
-# The formats
-
-BLOCK_SIZE = 32  # weights per block, in every format here
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-QTYPES = tuple(BLOCK_BYTES)
-
-
-@dataclass(frozen=True, eq=False)
-class QMatrix:
-    """A (rows, cols) weight matrix in a block format; `data` holds the GGUF bytes, row-major.
-
-    data: uint8 (rows, cols // 32 * block_bytes) - when read from a file, a zero-copy view of it.
-    """
-
-    qtype: str
-    shape: tuple[int, int]
-    data: np.ndarray
-
-    def __post_init__(self):
-        if self.qtype not in BLOCK_BYTES:
-            raise ValueError(f"unknown block format {self.qtype!r}; supported: {', '.join(QTYPES)}")
-        rows, cols = self.shape
-        if cols % BLOCK_SIZE:
-            raise ValueError(f"{self.qtype} rows must be a multiple of {BLOCK_SIZE} long, got shape {self.shape}")
-        expected = (rows, cols // BLOCK_SIZE * BLOCK_BYTES[self.qtype])
-        if self.data.dtype != np.uint8 or self.data.shape != expected:
-            raise ValueError(
-                f"{self.qtype} data for shape {self.shape} must be uint8 {expected}, "
-                f"got {self.data.dtype} {self.data.shape}"
-            )
-        object.__setattr__(self, "shape", (int(rows), int(cols)))
-
-    @property
-    def nbytes(self) -> int:
-        """Packed bytes - what a matvec must read."""
-        return self.data.nbytes
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * BLOCK_BYTES[self.qtype] / BLOCK_SIZE
-
-    def dequantize(self) -> np.ndarray:
-        return dequantize(self)
-
-    def __repr__(self):
-        return f"QMatrix({self.qtype}, shape={self.shape}, {self.nbytes:,} bytes)"
-
-
-# -----------------------------------------------------------------------------------------------
-# Quantize: round-to-nearest, exactly as ggml's reference quantizers (ggml-quants.c) do it, all in
-# float32 arithmetic, so our bytes equal llama.cpp's and the `gguf` package's.
-
-def quantize(w: np.ndarray, qtype: str) -> QMatrix:
-    """w (rows, cols) float32, cols % 32 == 0 -> QMatrix in `qtype`."""
-    w = np.asarray(w)
-    if w.ndim != 2:
-        raise ValueError(f"quantize expects a 2-D (rows, cols) matrix, got shape {w.shape}")
-    if qtype not in BLOCK_BYTES:
-        raise ValueError(f"unknown block format {qtype!r}; supported: {', '.join(QTYPES)}")
-    rows, cols = w.shape
-    if cols % BLOCK_SIZE:
-        raise ValueError(f"quantize needs rows that are a multiple of {BLOCK_SIZE} long, got shape {w.shape}")
-    blocks = w.astype(np.float32).reshape(-1, BLOCK_SIZE)  # (n_blocks, 32)
-    packed = {"Q8_0": _quantize_q8_0, "Q4_0": _quantize_q4_0, "Q4_1": _quantize_q4_1}[qtype](blocks)
-    return QMatrix(qtype, (rows, cols), packed.reshape(rows, -1))  # (rows, cols // 32 * block_bytes)
-
-
-def _inverse(d: np.ndarray) -> np.ndarray:
-    """1/d, and 0 where d == 0 (an all-zero block), in float32."""
-    with np.errstate(divide="ignore"):
-        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-
-
-def _fp16_bytes(v: np.ndarray) -> np.ndarray:
-    return v.astype(np.float16).view(np.uint8)  # (n_blocks, 2), round-to-nearest-even
-
-
-def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """q (n_blocks, 32) in 0..15 -> (n_blocks, 16): byte j = q[j] | q[j + 16] << 4."""
-    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
-
-
-def _quantize_q8_0(blocks: np.ndarray) -> np.ndarray:
-    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)  # (n_blocks, 1)
-    scaled = blocks * _inverse(d)  # (n_blocks, 32) in [-127, 127]
-    q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))  # C roundf: halves away from 0
-    return np.concatenate([_fp16_bytes(d), q.astype(np.int8).view(np.uint8)], axis=1)  # (n_blocks, 34)
-
-
-def _quantize_q4_0(blocks: np.ndarray) -> np.ndarray:
-    # The scale carries the sign of the largest-magnitude weight, which lands exactly on q = 0.
-    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)  # (n_blocks, 1)
-    d = signed_max / np.float32(-8)
-    q = np.minimum(np.trunc(blocks * _inverse(d) + np.float32(8.5)), 15).astype(np.uint8)  # (n_blocks, 32)
-    return np.concatenate([_fp16_bytes(d), _pack_nibbles(q)], axis=1)  # (n_blocks, 18)
-
-
-def _quantize_q4_1(blocks: np.ndarray) -> np.ndarray:
-    lo = blocks.min(axis=1, keepdims=True)  # (n_blocks, 1)
-    d = (blocks.max(axis=1, keepdims=True) - lo) / np.float32(15)
-    q = np.minimum(np.trunc((blocks - lo) * _inverse(d) + np.float32(0.5)), 15).astype(np.uint8)  # (n_blocks, 32)
-    return np.concatenate([_fp16_bytes(d), _fp16_bytes(lo), _pack_nibbles(q)], axis=1)  # (n_blocks, 20)
-
-
-# -----------------------------------------------------------------------------------------------
-# Dequantize, the reference: NumPy, one format per function, read it as the spec
-
-def _blocks(data: np.ndarray, rows: int, cols: int, qtype: str) -> np.ndarray:
-    n_blocks = rows * cols // BLOCK_SIZE
-    return np.ascontiguousarray(data, dtype=np.uint8).reshape(n_blocks, BLOCK_BYTES[qtype])
-
-
-def _fp16(two_bytes: np.ndarray) -> np.ndarray:
-    """(n_blocks, 2) little-endian fp16 bytes -> (n_blocks, 1) float32 (exact)."""
-    return np.ascontiguousarray(two_bytes).view(np.float16).astype(np.float32)
-
-
-def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """(n_blocks, 16) bytes -> (n_blocks, 32) in 0..15: low nibbles are weights 0..15, high 16..31."""
-    return np.concatenate([packed & 0x0F, packed >> 4], axis=1)
-
-
-def dequantize_q8_0(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Q8_0 bytes (rows, cols // 32 * 34) -> (rows, cols) float32."""
-    blocks = _blocks(data, rows, cols, "Q8_0")  # (n_blocks, 34)
-    d = _fp16(blocks[:, 0:2])  # (n_blocks, 1)
-    q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
-    return (q * d).reshape(rows, cols)
-
-
-def dequantize_q4_0(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Q4_0 bytes (rows, cols // 32 * 18) -> (rows, cols) float32."""
-    blocks = _blocks(data, rows, cols, "Q4_0")  # (n_blocks, 18)
-    d = _fp16(blocks[:, 0:2])  # (n_blocks, 1)
-    q = _unpack_nibbles(blocks[:, 2:]).astype(np.float32)  # (n_blocks, 32)
-    return ((q - 8) * d).reshape(rows, cols)
-
-
-def dequantize_q4_1(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Q4_1 bytes (rows, cols // 32 * 20) -> (rows, cols) float32."""
-    blocks = _blocks(data, rows, cols, "Q4_1")  # (n_blocks, 20)
-    d = _fp16(blocks[:, 0:2])  # (n_blocks, 1)
-    m = _fp16(blocks[:, 2:4])  # (n_blocks, 1)
-    q = _unpack_nibbles(blocks[:, 4:]).astype(np.float32)  # (n_blocks, 32)
-    return (q * d + m).reshape(rows, cols)
-
-
-_DEQUANTIZE_REFERENCE = {"Q8_0": dequantize_q8_0, "Q4_0": dequantize_q4_0, "Q4_1": dequantize_q4_1}
-
-
-def dequantize_reference(qm: QMatrix) -> np.ndarray:
-    """QMatrix -> (rows, cols) float32, in NumPy."""
-    rows, cols = qm.shape
-    return _DEQUANTIZE_REFERENCE[qm.qtype](qm.data, rows, cols)
-
-
-def qlinear_reference(x: np.ndarray, qm: QMatrix) -> np.ndarray:
-    """x (T, cols) -> (T, rows) = x @ W.T with W dequantized first."""
-    return np.asarray(x, dtype=np.float32) @ dequantize_reference(qm).T
-
+from minillm.kernels.quant_formats import (  # noqa: F401 - the public names, and two chapter 04 shows
+    BLOCK_BYTES, BLOCK_SIZE, QTYPES, QMatrix, _quantize_q4_1, _unpack_nibbles, dequantize_q4_0,
+    dequantize_q4_1, dequantize_q8_0, dequantize_reference, qlinear_reference, quantize,
+)
+from minillm.kernels.quant_llvm import hot_loop_asm
+from minillm.kernels.quant_repack import RepackedMatrix, repack
 
 # -----------------------------------------------------------------------------------------------
 # Numba building blocks: an fp16 scale read from two bytes, one row decoded into fp32
@@ -389,8 +227,16 @@ def _check_input(x: np.ndarray, qm: QMatrix, ndim: int) -> np.ndarray:
 
 
 def qmatvec(x: np.ndarray, qm: QMatrix) -> np.ndarray:
-    """x (cols,) -> (rows,) = W @ x, straight from the packed blocks (decode: T == 1)."""
-    x = _check_input(x, qm, 1)  # (cols,)
+    """x (cols,) -> (rows,) = W @ x, straight from the packed blocks (decode: T == 1); a
+    RepackedMatrix goes to its SIMD kernel, fp32 (exact) or int8 as it was repacked for."""
+    return _matvec_checked(_check_input(x, qm, 1), qm)  # (rows,)
+
+
+def _matvec_checked(x: np.ndarray, qm: QMatrix) -> np.ndarray:
+    """qmatvec on an x already checked and contiguous: qlinear's decode path calls it ~120 times a
+    step, and a second check there cost ~7 us a call (~0.85 ms of a decode step)."""
+    if isinstance(qm, RepackedMatrix):
+        return (quant_int8 if qm.activations == "int8" else quant_fp32).matvec(x, qm)  # (rows,)
     out = np.empty(qm.shape[0], dtype=np.float32)  # (rows,)
     _QMATVEC[qm.qtype](qm.data, x, out)
     return out
@@ -439,26 +285,52 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 #   BLAS on fp32 weights               31   324   274   324   293   414   817
 #
 # The fused matvec streams the packed bytes at memory speed, so running it once per row wins
-# while T is tiny although it reads the weights T times; from T = 4 qmatmul's single decode plus
-# register-tiled FMAs wins, by 7x at T = 64 (142 GFLOP/s, level with BLAS on fp32 weights). T = 3
-# is a toss-up (no full 4 x 4 register tile fits; the ragged edge runs one dot product per output).
-MATVEC_ROWS_MAX_T = 3
+# while T is tiny although it reads the weights T times; qmatmul's single decode plus
+# register-tiled FMAs wins for large T, by 7x at T = 64 (142 GFLOP/s, level with BLAS on fp32
+# weights). The repacked SIMD matvec (quant_fp32.py, what the loader builds) is 3x faster than the
+# row-by-row kernel above, which moves the crossover from T = 3 to between 8 and 16 (shared 2-core
+# Sapphire Rapids, one thread, best of 25, same matrix; two threads could not be timed cleanly there):
+#
+#   T =                        1     2     3     4     5     8    16    64
+#   repacked matvec, fp32     93   188   286   404   457   576  1257 10040
+#   repacked matvec, int8     67   110   193   258   303   397   866  7973
+#   qmatmul                  796   970  1017  1030   611   661   880  2866
+MATVEC_ROWS_MAX_T = 3            # GGUF-layout QMatrix
+REPACKED_MATVEC_ROWS_MAX_T = 8   # RepackedMatrix
 
 
 def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T, choosing the kernel by T:
 
-    - T <= MATVEC_ROWS_MAX_T (decode of one or two streams): `qmatvec` once per row. It reads the
+    - T <= MATVEC_ROWS_MAX_T (REPACKED_MATVEC_ROWS_MAX_T for a RepackedMatrix; decode of a few
+      streams): `qmatvec` once per row. It reads the
       packed bytes once per row but runs at memory speed; a row's result does not depend on the
-      other rows.
+      other rows. On a RepackedMatrix this is the SIMD kernel of its activation mode.
     - larger T (decode batches, prefill): `qmatmul`, each weight decoded once for all T rows and
-      multiplied with register tiles. Not BLAS: its thread pool and Numba's would fight over the
-      cores inside a forward (cpu.py).
-    The table above MATVEC_ROWS_MAX_T has the measurements behind the threshold.
+      multiplied with register tiles, fp32 in both activation modes (it reads the GGUF bytes a
+      RepackedMatrix keeps). Not BLAS: its thread pool and Numba's would fight over the cores
+      inside a forward (cpu.py).
+    The tables above MATVEC_ROWS_MAX_T have the measurements behind the thresholds.
     """
     x = _check_input(x, qm, 2)  # (T, cols)
     if x.shape[0] == 0:
         return np.empty((0, qm.shape[0]), dtype=np.float32)
-    if x.shape[0] <= MATVEC_ROWS_MAX_T:
-        return np.stack([qmatvec(row, qm) for row in x])  # (T, rows)
+    if x.shape[0] <= (REPACKED_MATVEC_ROWS_MAX_T if isinstance(qm, RepackedMatrix) else MATVEC_ROWS_MAX_T):
+        if x.shape[0] == 1:
+            return _matvec_checked(x[0], qm)[None, :]  # (1, rows) decode of one stream
+        return np.stack([_matvec_checked(row, qm) for row in x])  # (T, rows)
     return qmatmul(x, qm)  # (T, rows)
+
+
+# -----------------------------------------------------------------------------------------------
+# What the CPU runs: the hot loop of the repacked kernels, for chapter 04
+
+def inner_loop_asm(activations: str = "fp32", qtype: str = "Q4_1") -> list[str]:
+    """The instructions of the innermost loop of the repacked matvec for ``activations`` ("fp32"
+    or "int8") and ``qtype``, as compiled for this process's target (NUMBA_CPU_NAME honoured)."""
+    w = repack(quantize(np.zeros((8, 64), dtype=np.float32), qtype), activations)
+    kernel = quant_int8.kernel_for(w, quant_int8.TARGET_ISA) if activations == "int8" else quant_fp32.kernel_for(w)
+    fresh = numba.njit(parallel=True)(kernel.py_func)  # Numba keeps no assembly for code it loaded from its cache
+    fresh(w.quants, w.scales, w.mins, np.zeros(64, dtype=np.float32), np.empty(8, dtype=np.float32))
+    marker = "vfmadd|fmla" if activations == "fp32" else "vpdpbusd|vpmaddubsw|vpmaddwd|vpmulld|mul"
+    return hot_loop_asm(next(iter(fresh.inspect_asm().values())), marker)

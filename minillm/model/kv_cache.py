@@ -1,17 +1,18 @@
 """The KV cache interface the forward uses, its batch description, and the contiguous cache.
 
 One model forward serves every chapter. It takes a *flat batch*: the new tokens of B sequences
-packed back to back (N tokens in all), a position per token, and an ``AttentionMetadata`` that
-says where each sequence's tokens start in the flat batch and how much of it is already cached.
-Each layer hands its K/V to a cache object and asks it for the attention output; the contiguous
-cache below (chapter 05/06) and the paged cache (chapter 07) implement that one small interface.
+packed back to back (N tokens in all) and an ``AttentionMetadata`` that says where each sequence's
+tokens start in the flat batch, how much of it is already cached, and so each token's position.
+The forward asks the cache once whether the batch fits (``check``); then each layer hands its K/V
+to the cache and asks it for the attention output. The contiguous cache below (chapter 05/06) and
+the paged cache (chapter 07) implement that one small interface.
 
     flat batch (N = 3 + 1 + 2 tokens of B = 3 sequences):
         token_ids      [a0 a1 a2 | b7 | c4 c5]
         query_lens     [3, 1, 2]           new tokens per sequence
         context_lens   [0, 7, 4]           tokens of each sequence already in the cache
         query_starts   [0, 3, 4, 6]        where each sequence's tokens start (derived)
-        positions      [0 1 2 | 7 | 4 5]   context_len + 0, 1, ...
+        positions      [0 1 2 | 7 | 4 5]   context_len + 0, 1, ... (derived)
         logits_indices [2, 3, 5]           the rows that get logits (default: each last token)
 """
 from __future__ import annotations
@@ -34,14 +35,16 @@ class AttentionMetadata:
     ``query_lens`` (B,) new tokens per sequence in this batch; ``context_lens`` (B,) tokens of the
     sequence already in the cache before this batch; ``seq_slots`` (B,) the cache storage each
     sequence uses; ``logits_indices`` (L,) the flat rows that get logits (default: the last new
-    token of each sequence). ``query_starts`` (B+1,) is derived: sequence b owns flat rows
-    ``query_starts[b]:query_starts[b+1]``.
+    token of each sequence). Derived: ``query_starts`` (B+1,) - sequence b owns flat rows
+    ``query_starts[b]:query_starts[b+1]`` - and ``positions`` (N,), each token's position in its
+    sequence (context_len, context_len + 1, ...).
     """
     query_lens: np.ndarray
     context_lens: np.ndarray
     seq_slots: np.ndarray
     logits_indices: np.ndarray | None = field(default=None, kw_only=True)
     query_starts: np.ndarray = field(init=False)
+    positions: np.ndarray = field(init=False)
 
     def __post_init__(self):
         self.query_lens = np.asarray(self.query_lens, dtype=np.int64)      # (B,)
@@ -54,17 +57,23 @@ class AttentionMetadata:
                 raise ValueError(f"AttentionMetadata.{name} has shape {array.shape}, expected ({n_seqs},)")
         if n_seqs == 0:
             raise ValueError("AttentionMetadata describes no sequence")
-        if (self.query_lens < 1).any():
+        if self.query_lens.min() < 1:
             raise ValueError(f"every sequence needs at least one new token, query_lens = {self.query_lens}")
-        if (self.context_lens < 0).any():
+        if self.context_lens.min() < 0:
             raise ValueError(f"context_lens must be >= 0, got {self.context_lens}")
-        if len(set(self.seq_slots.tolist())) != n_seqs:
+        if self.seq_slots.min() < 0:
+            raise ValueError(f"seq_slots must be >= 0, got {self.seq_slots}")
+        if n_seqs > 1 and len(np.unique(self.seq_slots)) != n_seqs:
             raise ValueError(f"two sequences of one batch share a cache slot: seq_slots = {self.seq_slots}")
-        self.query_starts = np.concatenate([[0], np.cumsum(self.query_lens)])  # (B+1,)
+        self.query_starts = np.zeros(n_seqs + 1, dtype=np.int64)           # (B+1,)
+        np.cumsum(self.query_lens, out=self.query_starts[1:])
+        first = np.repeat(self.context_lens - self.query_starts[:-1], self.query_lens)  # (N,)
+        self.positions = first + np.arange(self.num_tokens)                             # (N,)
         if self.logits_indices is None:
             self.logits_indices = self.query_starts[1:] - 1                    # (B,) last token of each
         self.logits_indices = np.asarray(self.logits_indices, dtype=np.int64)  # (L,)
-        if ((self.logits_indices < 0) | (self.logits_indices >= self.num_tokens)).any():
+        if self.logits_indices.size and (self.logits_indices.min() < 0
+                                         or self.logits_indices.max() >= self.num_tokens):
             raise ValueError(f"logits_indices {self.logits_indices} fall outside the batch of {self.num_tokens} tokens")
 
     @property
@@ -75,10 +84,10 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return int(self.query_starts[-1])
 
-    def positions(self) -> np.ndarray:
-        """Each token's position in its sequence: context_len, context_len + 1, ... -> (N,)."""
-        first = np.repeat(self.context_lens - self.query_starts[:-1], self.query_lens)  # (N,)
-        return first + np.arange(self.num_tokens)                                       # (N,)
+    @property
+    def max_position(self) -> int:
+        """The largest position in the batch (the last new token of the sequence that reaches furthest)."""
+        return int((self.context_lens + self.query_lens).max()) - 1
 
 
 # -----------------------------------------------------------------------------
@@ -86,6 +95,9 @@ class AttentionMetadata:
 
 class KVCache(Protocol):
     """Storage for the keys and values of every layer, read back by attention."""
+
+    def check(self, meta: AttentionMetadata) -> None:
+        """Refuse (ValueError) a batch this cache cannot hold; the forward asks once per batch."""
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray, meta: AttentionMetadata) -> None:
         """Store this batch's keys and values, k and v (N, Hkv, Dh), of ``layer``."""
@@ -112,7 +124,7 @@ class ContiguousKVCache:
         self.k = np.zeros(shape, dtype=np.float32)  # (n_layers, n_slots, max_len, Hkv, Dh)
         self.v = np.zeros(shape, dtype=np.float32)  # (n_layers, n_slots, max_len, Hkv, Dh)
 
-    def _check(self, meta: AttentionMetadata) -> None:
+    def check(self, meta: AttentionMetadata) -> None:
         """Refuse a batch that names a missing slot or would run past ``max_len``."""
         for b in range(meta.num_seqs):
             slot, end = meta.seq_slots[b], meta.context_lens[b] + meta.query_lens[b]
@@ -122,7 +134,6 @@ class ContiguousKVCache:
                 raise ValueError(f"sequence {b} would reach {end} tokens, past the cache's max_len {self.max_len}")
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray, meta: AttentionMetadata) -> None:
-        self._check(meta)
         for b in range(meta.num_seqs):
             rows = slice(meta.query_starts[b], meta.query_starts[b + 1])
             start, slot = meta.context_lens[b], meta.seq_slots[b]
@@ -131,7 +142,7 @@ class ContiguousKVCache:
             self.v[layer, slot, start:end] = v[rows]  # (T, Hkv, Dh)
 
     def attend(self, layer: int, q: np.ndarray, meta: AttentionMetadata, ops) -> np.ndarray:
-        out = np.empty_like(q)  # (N, H, Dh)
+        out = np.empty(q.shape, dtype=q.dtype)  # (N, H, Dh) q may be a strided view: out is contiguous
         for b in range(meta.num_seqs):
             first, last = meta.query_starts[b], meta.query_starts[b + 1]
             start, slot = meta.context_lens[b], meta.seq_slots[b]

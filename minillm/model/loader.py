@@ -3,6 +3,11 @@
     load_model()                       the default model (SmolLM2-135M-Instruct, Q4_1), fetched on first use
     load_model("model.gguf")           weights stay packed (Q8_0/Q4_0/Q4_1 as QMatrix; F16 -> fp32)
     load_model("Qwen3-0.6B/")          config.json + *.safetensors, weights as fp32
+    load_model(activations="int8")     opt-in: linear inputs quantized to int8 blocks (numba backend)
+
+On the numba backend the packed linear weights are repacked once, here, into the SIMD layout of
+``quant_repack.RepackedMatrix`` (still a QMatrix: the file's bytes stay alongside). The embedding
+table stays as the file has it: a lookup decodes a few rows, never a matvec.
 
 Both paths produce the same ``ModelWeights`` and run the same forward. One difference is kept, not
 undone: llama.cpp's converter stores the rows of attn_q and attn_k of ``llama`` files in an order
@@ -13,14 +18,17 @@ pairs - no weight is touched. ``unpermute_qk_rows`` below converts to the Huggin
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from minillm.kernels.quant import QMatrix
+from minillm.kernels.quant_repack import check_activations, repack
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.gguf import GGUFFile
+from minillm.model.kv_cache import AttentionMetadata
 from minillm.model.layers import LayerWeights, Weight
 from minillm.model.safetensors import load_hf_directory
 from minillm.model.transformer import Model, ModelWeights
@@ -43,11 +51,19 @@ HF_NAMES = {
     "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
 }
 LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 QK_NORM_FIELDS = ("q_norm", "k_norm")
 
 
-def load_model(path: str | Path | None = None, backend: str = "numba") -> Model:
-    """A ``Model`` from a .gguf file or a Hugging Face directory; None -> the default model."""
+def load_model(path: str | Path | None = None, backend: str = "numba", activations: str = "fp32") -> Model:
+    """A ``Model`` from a .gguf file or a Hugging Face directory; None -> the default model.
+
+    ``activations``: "fp32" (exact: greedy tokens equal transformers') or "int8" (the inputs of the
+    quantized linear layers' matvecs are quantized to int8 blocks, as llama.cpp does; numba only).
+    """
+    check_activations(activations)
+    if activations == "int8" and backend != "numba":
+        raise ValueError(f"activations='int8' runs on the numba backend only, not on {backend!r}")
     if path is None:
         from minillm.model.fetch import cached_model_path, fetch
 
@@ -59,7 +75,33 @@ def load_model(path: str | Path | None = None, backend: str = "numba") -> Model:
         config, weights = load_gguf_weights(path)
     else:
         raise FileNotFoundError(f"no model at {path}: expected a .gguf file or a Hugging Face model directory")
+    if backend == "numba":
+        weights = repack_linear_weights(weights, activations)
     return Model(config, weights, get_backend(backend))
+
+
+def repack_linear_weights(weights: ModelWeights, activations: str) -> ModelWeights:
+    """Every packed weight a matvec reads (the layers' projections, the LM head) in the SIMD layout."""
+    def simd(w: Weight) -> Weight:
+        return repack(w, activations) if isinstance(w, QMatrix) else w
+
+    layers = [dataclasses.replace(layer, **{f: simd(getattr(layer, f)) for f in LINEAR_FIELDS})
+              for layer in weights.layers]
+    return dataclasses.replace(weights, layers=layers, lm_head=simd(weights.lm_head))
+
+
+def logits_by_activations(path: str | Path, token_ids, activations=("fp32", "int8")) -> dict[str, np.ndarray]:
+    """The logits (T, V) after each of ``token_ids``, fed one at a time as decode does, for each
+    activation mode: what a quality measurement of int8 mode (KL divergence, top-1) compares."""
+    ids = np.asarray(token_ids, dtype=np.int64)  # (T,)
+    results = {}
+    for mode in activations:
+        model = load_model(path, activations=mode)
+        cache = model.new_cache(1, len(ids))
+        steps = (AttentionMetadata(query_lens=[1], context_lens=[i], seq_slots=[0]) for i in range(len(ids)))
+        rows = [model.forward(ids[i:i + 1], meta, cache)[0] for i, meta in enumerate(steps)]  # (V,) each
+        results[mode] = np.stack(rows)  # (T, V)
+    return results
 
 
 # -----------------------------------------------------------------------------

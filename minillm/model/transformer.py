@@ -1,11 +1,12 @@
 """The decoder-only transformer: embedding -> decoder layers -> final norm -> LM head.
 
 One forward serves every chapter. It takes a flat batch - the new tokens of several sequences
-packed back to back, each with its position - plus the ``AttentionMetadata`` that says where each
-sequence starts and how much of it is already cached, and a KV cache object (contiguous in
-chapters 05/06, paged in chapter 07). Logits are computed only for the rows the metadata asks for
-(by default the last new token of each sequence): the LM head is the largest matrix of a small
-model, so a 500-token prompt should not pay for it 500 times.
+packed back to back - plus the ``AttentionMetadata`` that says where each sequence starts, how much
+of it is already cached and so each token's position, and a KV cache object (contiguous in
+chapters 05/06, paged in chapter 07). Everything else it needs (config, weights, kernel backend,
+RoPE tables) is the model's, bundled once in ``Model``. Logits are computed only for the rows the
+metadata asks for (by default the last new token of each sequence): the LM head is the largest
+matrix of a small model, so a 500-token prompt should not pay for it 500 times.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache, KVCache
-from minillm.model.layers import LayerWeights, Weight, decoder_layer, embed, linear
+from minillm.model.layers import LayerContext, LayerWeights, Weight, decoder_layer, embed, linear
 
 
 @dataclass
@@ -27,32 +28,20 @@ class ModelWeights:
     lm_head: Weight            # (V, D): the embedding itself when the embeddings are tied
 
 
-def forward(token_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata, cache: KVCache,
-            weights: ModelWeights, config: ModelConfig, ops,
-            rope: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Logits of the rows ``meta.logits_indices`` of a flat batch -> (L, V), float32."""
-    token_ids = np.asarray(token_ids, dtype=np.int64)  # (N,)
-    positions = np.asarray(positions, dtype=np.int64)  # (N,)
-    _check_batch(token_ids, positions, meta, config, len(rope[0]))
-    x = embed(token_ids, weights.embedding, ops)       # (N, D)
-    for layer, layer_weights in enumerate(weights.layers):
-        x = decoder_layer(x, positions, layer_weights, layer, cache, meta, config, ops, rope)  # (N, D)
-    x = x[meta.logits_indices]                          # (L, D) norm and LM head only where asked
-    x = ops.rms_norm(x, weights.final_norm, config.rms_eps)  # (L, D)
-    return linear(x, weights.lm_head, ops)              # (L, V)
+def _check_batch(token_ids: np.ndarray, meta: AttentionMetadata, config: ModelConfig) -> None:
+    """Bad batches fail here with a message, not deep inside a kernel (Numba does not bounds-check).
 
-
-def _check_batch(token_ids, positions, meta, config, n_rope_positions):
-    """Bad batches fail here with a message, not deep inside a kernel (Numba does not bounds-check)."""
-    if token_ids.ndim != 1 or token_ids.shape != positions.shape:
-        raise ValueError(f"token_ids {token_ids.shape} and positions {positions.shape} must both be (N,)")
+    Checked once per forward; the layers' kernels then run on a batch known to fit.
+    """
+    if token_ids.ndim != 1:
+        raise ValueError(f"token_ids must be (N,), got shape {token_ids.shape}")
     if len(token_ids) != meta.num_tokens:
         raise ValueError(f"the batch has {len(token_ids)} tokens but the metadata describes {meta.num_tokens}")
     if token_ids.min() < 0 or token_ids.max() >= config.vocab_size:  # N >= 1: the metadata demands it
         raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got {token_ids.min()}..{token_ids.max()}")
-    if positions.min() < 0 or positions.max() >= n_rope_positions:
-        raise ValueError(f"positions must lie in [0, {n_rope_positions}) (the model's context length), "
-                         f"got {positions.min()}..{positions.max()}")
+    if meta.max_position >= config.context_length:
+        raise ValueError(f"positions must lie in [0, {config.context_length}) (the model's context length), "
+                         f"got {meta.positions.min()}..{meta.max_position}")
 
 
 class Model:
@@ -60,12 +49,20 @@ class Model:
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops):
         self.config, self.weights, self.ops = config, weights, ops
-        self.rope = ops.rope_table(config.head_dim, config.context_length, config.rope_theta)  # (cos, sin)
+        self.context = LayerContext.build(config, ops)  # what every layer shares, built once
 
-    def forward(self, token_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata,
-                cache: KVCache) -> np.ndarray:
-        """Logits (len(meta.logits_indices), V) of a flat batch; see ``forward``."""
-        return forward(token_ids, positions, meta, cache, self.weights, self.config, self.ops, self.rope)
+    def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: KVCache) -> np.ndarray:
+        """Logits of the rows ``meta.logits_indices`` of a flat batch token_ids (N,) -> (L, V), float32."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)   # (N,)
+        _check_batch(token_ids, meta, self.config)
+        cache.check(meta)
+        weights, ops = self.weights, self.ops
+        x = embed(token_ids, weights.embedding, ops)         # (N, D)
+        for layer, layer_weights in enumerate(weights.layers):
+            x = decoder_layer(x, layer_weights, layer, cache, meta, self.context)  # (N, D)
+        x = x[meta.logits_indices]                            # (L, D) norm and LM head only where asked
+        x = ops.rms_norm(x, weights.final_norm, self.config.rms_eps)  # (L, D)
+        return linear(x, weights.lm_head, ops)                # (L, V)
 
     def new_cache(self, n_slots: int, max_len: int) -> ContiguousKVCache:
         """A contiguous KV cache for ``n_slots`` sequences of up to ``max_len`` tokens each."""

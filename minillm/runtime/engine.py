@@ -1,44 +1,90 @@
 """``LLMEngine``: requests in, one batched step at a time, text out.
 
-    engine.add_request(prompt_ids, params)       # any time, from any caller
+    engine.add_request(prompt_ids, params)       # any time, from any caller (RequestRejected if it can't run)
     while engine.has_unfinished():
         for out in engine.step():                 # schedule -> batch -> forward -> sample -> detokenize
             print(out.request_id, out.text_delta)
+    engine.stats()                                # running, waiting, KV usage, cache hits, limits
 
 A step: the scheduler picks the batch (decode tokens of running sequences plus prefill chunks of
 new ones), the model runner packs it into one flat forward over the paged KV cache, the sampler
 draws one token for every sequence whose last token ran, and each sequence's output builder turns
 the token into text and decides whether the sequence is done. Finished sequences free their blocks.
+
+This file is the runtime's whole contract with the layers above it: ``add_request``, ``abort``,
+``step`` (whose ``StepOutput``s say everything a caller needs about each token), ``has_unfinished``,
+``pop_request``, ``stats`` and ``observe``. ``LLM``, the command line and the server use nothing else.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from minillm.generation.generate import check_prompt_fits
 from minillm.generation.output import CompletionOutput, OutputBuilder
-from minillm.generation.sampling import Sampler, SamplingParams
+from minillm.generation.sampling import Sampler, SamplingParams, TokenLogprobs
 from minillm.generation.tokenizer import Tokenizer
 from minillm.model.transformer import Model
 from minillm.runtime.block_manager import BlockManager
+from minillm.runtime.errors import CONTEXT_LENGTH_EXCEEDED, RequestRejected
 from minillm.runtime.model_runner import ModelRunner
 from minillm.runtime.paged_cache import bytes_per_token
-from minillm.runtime.scheduler import Scheduler
-from minillm.runtime.sequence import Sequence, Status
+from minillm.runtime.scheduler import Scheduler, SchedulerOutput
+from minillm.runtime.sequence import Sequence, SequenceTimes
 
 FINISH_ABORT = "abort"
 
 
 @dataclass
 class StepOutput:
-    """What one step produced for one sequence of a request."""
+    """What one step produced for one sequence of a request: everything a caller needs to stream it."""
     request_id: str
-    index: int             # which of the request's n completions
+    index: int                       # which of the request's n completions
     token_id: int
-    text_delta: str        # new text, safe to stream (may be "")
-    finished: bool
+    text_delta: str                  # new text, safe to stream (may be "")
+    logprobs: TokenLogprobs | None   # when the request asked for logprobs
+    first_token: bool                # the request's first token (of all its completions): its TTFT
+    finished: bool                   # this completion is done
     finish_reason: str | None
+    request_finished: bool           # all n completions are done: pop_request may take it
+
+
+@dataclass(frozen=True)
+class PlannedSeq:
+    """One sequence of a step's batch, as the scheduler planned it (before the forward ran)."""
+    request_id: str
+    index: int
+    seq_id: int
+    num_new: int      # tokens of it that run in this step
+    is_prefill: bool  # a prompt chunk (or a recompute after preemption), not a single decode token
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A step's schedule for observers: who ran, who was preempted, who still waits, free blocks."""
+    scheduled: list[PlannedSeq]
+    preempted: list[int]    # seq ids preempted to make room (their blocks freed, to recompute)
+    waiting: list[int]      # seq ids left waiting after admission, in queue order
+    num_free_blocks: int    # after this step's allocations
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One snapshot of the engine: load, KV cache, cumulative counters and the limits it enforces."""
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float          # fraction of KV blocks in use, 0..1
+    num_blocks: int
+    num_free_blocks: int
+    prefix_cache_queries: int      # cumulative: prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int         # cumulative: of those, tokens found there (their prefill skipped)
+    num_preemptions: int           # cumulative
+    max_model_len: int             # the longest sequence (prompt + completion) a request may ask for
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
 
 
 @dataclass
@@ -47,14 +93,22 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     seqs: list[Sequence]
+    builders: list[OutputBuilder]  # one per sequence: its text, logprobs and finish decision
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        return [s.builder.output for s in self.seqs]
+        return [b.output for b in self.builders]
+
+    @property
+    def times(self) -> list[SequenceTimes]:
+        return [s.times for s in self.seqs]
 
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.seqs)
+
+
+StepObserver = Callable[[StepPlan, list[StepOutput]], None]
 
 
 class LLMEngine:
@@ -67,7 +121,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(model, self.block_manager)
         self.sampler = Sampler(eos_token_ids=[] if tokenizer.eos_id is None else [tokenizer.eos_id])
+        # The longest sequence one request may ask for: the context, or the whole KV cache if smaller.
+        self.max_model_len = min(model.config.context_length, self.block_manager.num_blocks * block_size)
         self.requests: dict[str, Request] = {}
+        self.observers: list[StepObserver] = []
         self.seq_ids = itertools.count()
         self.request_ids = itertools.count()
 
@@ -75,43 +132,58 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                     arrival: float | None = None) -> str:
-        """Queue a request; bad input fails here, before it touches the scheduler."""
-        context = self.model.config.context_length
-        check_prompt_fits(len(prompt_ids), context)
-        if params.n > self.scheduler.max_num_seqs:
-            raise ValueError(f"n = {params.n} exceeds max_num_seqs = {self.scheduler.max_num_seqs}")
-        longest = min(context, len(prompt_ids) + (params.max_tokens or context))
-        if self.block_manager.num_blocks_for(longest) > self.block_manager.num_blocks:
-            raise ValueError(f"a sequence of {longest} tokens needs more KV blocks than the whole cache holds "
-                             f"({self.block_manager.num_blocks} blocks of {self.block_manager.block_size})")
+        """Queue a request; a request that cannot run is refused here (``RequestRejected``)."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        self.check_request(prompt_ids, params)
         request_id = str(next(self.request_ids)) if request_id is None else request_id
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_ids = [int(t) for t in prompt_ids]
+            raise RequestRejected(f"request id {request_id!r} is already in use")
         arrival = time.perf_counter() if arrival is None else arrival
-        seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params,
-                         OutputBuilder(self.tokenizer, params, len(prompt_ids), context, index=i), choice=i,
-                         arrival=arrival)
+        seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival)
                 for i in range(params.n)]
-        self.requests[request_id] = Request(request_id, prompt_ids, params, seqs)
+        builders = [OutputBuilder(self.tokenizer, params, len(prompt_ids), self.max_model_len, index=i)
+                    for i in range(params.n)]
+        self.requests[request_id] = Request(request_id, prompt_ids, params, seqs, builders)
         self.scheduler.add(seqs[0])  # the others fork its blocks once the prompt is cached
         return request_id
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Every check of a request against this engine's limits, each naming the request field at fault."""
+        if not prompt_ids:
+            raise RequestRejected("prompt is empty: give at least one token", "prompt")
+        for ids, param in ((prompt_ids, "prompt"), (params.stop_token_ids, "stop_token_ids")):
+            if bad := [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]:
+                raise RequestRejected(f"{param} holds token ids outside the vocabulary "
+                                      f"[0, {self.tokenizer.vocab_size}): {bad[:5]}", param)
+        if params.n > self.scheduler.max_num_seqs:  # its n sequences must run side by side
+            raise RequestRejected(f"n = {params.n} exceeds this engine's max_num_seqs "
+                                  f"({self.scheduler.max_num_seqs})", "n")
+        limit, prompt_len = self.max_model_len, len(prompt_ids)
+        if prompt_len >= limit:
+            raise RequestRejected(f"This model's maximum context length is {limit} tokens. However, your prompt "
+                                  f"has {prompt_len} tokens, leaving no room for a completion. Please shorten the "
+                                  f"prompt.", "prompt", CONTEXT_LENGTH_EXCEEDED)
+        if params.max_tokens is not None and prompt_len + params.max_tokens > limit:
+            raise RequestRejected(f"This model's maximum context length is {limit} tokens. However, you requested "
+                                  f"{prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
+                                  f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
+                                  f"or completion.", "max_tokens", CONTEXT_LENGTH_EXCEEDED)
 
     def abort(self, request_id: str) -> None:
         """Stop a request in whatever state it is; its blocks return to the pool."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return
-        for seq in request.seqs:
+        for seq, builder in zip(request.seqs, request.builders):
             if not seq.finished:
                 self.scheduler.finish(seq)
-                seq.builder.output.finish_reason = FINISH_ABORT
+                builder.output.finish_reason = FINISH_ABORT
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def pop_request(self, request_id: str) -> Request:
-        """Hand over a finished request and forget it."""
+        """Hand over a finished request (its outputs and timings) and forget it."""
         request = self.requests[request_id]
         if not request.finished:
             raise ValueError(f"request {request_id!r} has not finished")
@@ -121,27 +193,34 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         plan = self.scheduler.schedule()
-        if not plan.scheduled:
-            return []
+        record = self._record(plan) if self.observers else None
+        outputs = self._run(plan) if plan.scheduled else []
+        for observer in list(self.observers):
+            observer(record, outputs)
+        return outputs
+
+    def observe(self, observer: StepObserver) -> Callable[[], None]:
+        """Call ``observer(plan, outputs)`` after every step; returns the function that stops it."""
+        self.observers.append(observer)
+        return functools.partial(self.observers.remove, observer)
+
+    def _run(self, plan: SchedulerOutput) -> list[StepOutput]:
         now = time.perf_counter()
         for s in plan.scheduled:
             s.seq.times.first_scheduled = s.seq.times.first_scheduled or now
-        logits = self.runner.run(plan.scheduled, plan.copies)                  # (S, V)
-        sampling = [s.seq for s in plan.scheduled if s.completes_prefill]     # (S,) in logits row order
-        self.scheduler.computed(plan.scheduled)
-        rows, states = [], []
-        for row, seq in enumerate(sampling):
-            for member in self._forks_due(seq):                               # n > 1: siblings share row
+        logits = self.runner.run(plan.scheduled, plan.copies)        # (S, V)
+        ready = [s.seq for s in plan.scheduled if s.completes_prefill]  # (S,) in logits row order: draw a token
+        self.scheduler.mark_computed(plan.scheduled)
+        rows, seqs = [], []
+        for row, seq in enumerate(ready):
+            for member in [seq, *self._forks_due(seq)]:               # n > 1: siblings share the row
                 rows.append(row)
-                states.append(member)
-            rows.append(row)
-            states.append(seq)
-        if not states:
+                seqs.append(member)
+        if not seqs:
             return []
-        result = self.sampler.sample(logits[rows], [s.sampling for s in states])
+        drawn = self.sampler.sample(logits[rows], [s.sampler_state for s in seqs])
         now = time.perf_counter()
-        return [self._append(seq, int(tok), lp, now)
-                for seq, tok, lp in zip(states, result.token_ids, result.logprobs)]
+        return [self._append(seq, int(tok), lp, now) for seq, tok, lp in zip(seqs, drawn.token_ids, drawn.logprobs)]
 
     def _forks_due(self, seq: Sequence) -> list[Sequence]:
         """Siblings of a request's first sequence join when its prompt prefill completes."""
@@ -152,22 +231,35 @@ class LLMEngine:
             self.scheduler.fork(seq, sibling)
         return request.seqs[1:]
 
-    def _append(self, seq: Sequence, token_id: int, logprobs, now: float) -> StepOutput:
-        delta = seq.builder.append(token_id, logprobs)
+    def _append(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None, now: float) -> StepOutput:
+        request = self.requests[seq.request_id]
+        builder = request.builders[seq.choice]
+        first = not any(s.output_ids for s in request.seqs)
+        seq.append_token(token_id)
+        delta = builder.append(token_id, logprobs)
         seq.times.first_token = seq.times.first_token or now
         seq.times.tokens.append(now)
-        if seq.builder.finished:
+        if builder.finished:
             self.scheduler.finish(seq)
             seq.times.finished = now
-        out = seq.builder.output
-        return StepOutput(seq.request_id, seq.choice, token_id, delta, seq.finished, out.finish_reason)
+        return StepOutput(seq.request_id, seq.choice, token_id, delta, logprobs, first, seq.finished,
+                          builder.output.finish_reason, request.finished)
+
+    def _record(self, plan: SchedulerOutput) -> StepPlan:
+        """The plan as plain facts, taken before the forward moves the sequences on."""
+        scheduled = [PlannedSeq(s.seq.request_id, s.seq.choice, s.seq.seq_id, s.num_new, s.seq.is_prefill)
+                     for s in plan.scheduled]
+        return StepPlan(scheduled, [s.seq_id for s in plan.preempted], [s.seq_id for s in self.scheduler.waiting],
+                        self.block_manager.num_free_blocks)
 
     # ---- usage figures ------------------------------------------------------------------
 
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+    def stats(self) -> EngineStats:
+        bm, scheduler = self.block_manager, self.scheduler
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_cache_usage=bm.usage,
+            num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+            prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=scheduler.num_preemptions, max_model_len=self.max_model_len,
+            max_num_seqs=scheduler.max_num_seqs, max_num_batched_tokens=scheduler.max_num_batched_tokens,
+            block_size=bm.block_size)

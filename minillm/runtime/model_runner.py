@@ -10,14 +10,14 @@ from minillm.runtime.scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    """Owns the paged KV cache; turns ``ScheduledSeq``s into token ids, positions and metadata."""
+    """Owns the paged KV cache; turns ``ScheduledSeq``s into token ids and their metadata."""
 
     def __init__(self, model: Model, block_manager: BlockManager):
         self.model = model
         self.block_manager = block_manager
         self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[np.ndarray, np.ndarray, PagedAttentionMetadata]:
+    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[np.ndarray, PagedAttentionMetadata]:
         """The flat batch: each sequence's next ``num_new`` tokens, back to back.
 
         Logits are asked only for sequences whose last token runs now (a decode token, or the
@@ -31,11 +31,11 @@ class ModelRunner:
         meta = PagedAttentionMetadata.build(
             lens, starts, [self.block_manager.block_table(s.seq.seq_id) for s in scheduled],
             self.block_manager.block_size, logits_indices=last_rows[sampling])
-        return token_ids, meta.positions(), meta
+        return token_ids, meta
 
     def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]]) -> np.ndarray:
         """Copy-on-write first, then one forward -> logits (sequences that sample, V)."""
         for src, dst in copies:
             self.cache.copy_block(src, dst)
-        token_ids, positions, meta = self.prepare(scheduled)
-        return self.model.forward(token_ids, positions, meta, self.cache)
+        token_ids, meta = self.prepare(scheduled)
+        return self.model.forward(token_ids, meta, self.cache)

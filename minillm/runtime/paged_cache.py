@@ -90,14 +90,18 @@ class PagedKVCache:
         self.k = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
         self.v = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
 
+    def check(self, meta: AttentionMetadata) -> None:
+        """The batch must say where its keys live (block tables, slot mapping); the kernels check those."""
+        if not isinstance(meta, PagedAttentionMetadata):
+            raise TypeError(f"the paged cache needs PagedAttentionMetadata (block tables, slot mapping), "
+                            f"got {type(meta).__name__}")
+
     def write(self, layer: int, k: np.ndarray, v: np.ndarray, meta: PagedAttentionMetadata) -> None:
         """Store this batch's keys and values, k and v (N, Hkv, Dh), of ``layer`` at their slots."""
-        _check_paged(meta)
         write_kv(self.k[layer], self.v[layer], k, v, meta.slot_mapping)
 
     def attend(self, layer: int, q: np.ndarray, meta: PagedAttentionMetadata, ops) -> np.ndarray:
         """Causal attention of q (N, H, Dh) over each sequence's blocks -> (N, H, Dh)."""
-        _check_paged(meta)
         k, v = self.k[layer], self.v[layer]  # (num_blocks, block_size, Hkv, Dh) each
         if (meta.query_lens == 1).all():     # a pure decode batch: one query per sequence, sees everything
             return ops.paged_attention_decode(q, k, v, meta.block_tables, meta.context_lens + 1)  # (B, H, Dh)
@@ -108,8 +112,3 @@ class PagedKVCache:
         self.k[:, dst] = self.k[:, src]  # (n_layers, block_size, Hkv, Dh)
         self.v[:, dst] = self.v[:, src]  # (n_layers, block_size, Hkv, Dh)
 
-
-def _check_paged(meta: AttentionMetadata) -> None:
-    if not isinstance(meta, PagedAttentionMetadata):
-        raise TypeError(f"the paged cache needs PagedAttentionMetadata (block tables, slot mapping), "
-                        f"got {type(meta).__name__}")

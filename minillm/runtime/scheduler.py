@@ -116,7 +116,7 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def computed(self, scheduled: list[ScheduledSeq]) -> None:
+    def mark_computed(self, scheduled: list[ScheduledSeq]) -> None:
         """After the forward: the scheduled tokens' K/V are in the cache."""
         for s in scheduled:
             s.seq.num_computed += s.num_new

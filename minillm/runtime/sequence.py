@@ -6,6 +6,10 @@
 
 A request with ``n`` completions is ``n`` sequences. The first is prefilled; the others fork its
 blocks once the prompt is in the cache (copy-on-write) instead of computing the prompt again.
+
+A sequence is token ids, sampling parameters and cache state only: turning its tokens into text
+and deciding that it is done belongs to the engine's output builders, so the scheduler runs (and
+is tested) without a tokenizer.
 """
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from minillm.generation.output import OutputBuilder
 from minillm.generation.sampling import SamplingParams, SamplingState
 
 
@@ -34,23 +37,23 @@ class SequenceTimes:
 
 
 class Sequence:
-    """Prompt and output ids, sampling state, where it stands in the cache, and its timings."""
+    """Prompt and output ids, the sampler's state, where it stands in the cache, and its timings."""
 
     def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 builder: OutputBuilder, choice: int = 0, arrival: float | None = None):
+                 choice: int = 0, arrival: float | None = None):
         self.seq_id, self.request_id, self.choice = seq_id, request_id, choice
         self.prompt_ids = prompt_ids
         self.params = params
-        self.builder = builder
-        self.sampling = SamplingState(params, prompt_ids, builder.output.token_ids, choice=choice)
+        self.output_ids: list[int] = []
+        self.sampler_state = SamplingState(params, prompt_ids, self.output_ids, choice=choice)
         self.status = Status.WAITING
         self.num_computed = 0       # leading tokens whose K/V are in the cache
         self.num_preemptions = 0
         self.times = SequenceTimes(arrival=time.perf_counter() if arrival is None else arrival)
 
-    @property
-    def output_ids(self) -> list[int]:
-        return self.builder.output.token_ids
+    def append_token(self, token_id: int) -> None:
+        """A new token was drawn: the next step must run it through the model."""
+        self.output_ids.append(token_id)
 
     @property
     def token_ids(self) -> list[int]:

@@ -6,7 +6,7 @@ come back through one ``asyncio.Queue`` per request:
 
     event loop (HTTP handlers)                          engine thread
     --------------------------                          -------------
-    submit(prompt, params) ---- Add ----> commands ---> engine.add_request (ValueError -> 400)
+    submit(prompt, params) ---- Add ----> commands ---> engine.add_request (RequestRejected -> 400)
                                                         while work exists:
                                                             run the commands that came in
                                                             engine.step()
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 from minillm.generation.sampling import SamplingParams
 from minillm.runtime.engine import LLMEngine, StepOutput
-from minillm.serve.errors import APIError, bad_request
+from minillm.runtime.errors import RequestRejected
+from minillm.serve.errors import APIError
 from minillm.serve.metrics import ServerMetrics, StatsLogger
-from minillm.serve.responses import TokenDelta
 
 log = logging.getLogger("minillm.serve")
 
@@ -45,10 +45,11 @@ class EngineFailure(Exception):
 
 
 class RequestStream:
-    """The HTTP side of one request: ``async for deltas in stream`` yields the tokens of each step."""
+    """The HTTP side of one request: ``async for outputs in stream`` yields its tokens of each step."""
 
-    def __init__(self, request_id: str, n: int, owner: AsyncEngine):
+    def __init__(self, request_id: str, n: int, num_prompt_tokens: int, owner: AsyncEngine):
         self.request_id, self.n, self.owner = request_id, n, owner
+        self.num_prompt_tokens = num_prompt_tokens
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.num_finished = 0
@@ -62,6 +63,7 @@ class RequestStream:
             pass
 
     async def accepted(self) -> None:
+        """Wait for the engine's answer to the request: accepted, or the RequestRejected it raised."""
         item = await self.queue.get()
         if isinstance(item, Exception):
             self.done = True
@@ -70,14 +72,14 @@ class RequestStream:
     def __aiter__(self):
         return self
 
-    async def __anext__(self) -> list[TokenDelta]:
+    async def __anext__(self) -> list[StepOutput]:
         if self.done:
             raise StopAsyncIteration
         item = await self.queue.get()
         if isinstance(item, Exception):
             self.done = True
             raise item
-        self.num_finished += sum(d.step.finished for d in item)
+        self.num_finished += sum(out.finished for out in item)
         self.done = self.num_finished == self.n
         return item
 
@@ -107,7 +109,7 @@ class AsyncEngine:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
         self.engine, self.metrics, self.max_waiting = engine, metrics, max_waiting
-        self.stats = StatsLogger(log_interval)
+        self.stats_logger = StatsLogger(log_interval)
         self.wakeup = threading.Condition()
         self.commands: list[Add | Abort] = []   # guarded by wakeup
         self.num_waiting = 0                    # guarded by wakeup: scheduler waiting + pending adds
@@ -134,8 +136,9 @@ class AsyncEngine:
 
     async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                      arrival: float) -> RequestStream:
-        """Queue a request; returns once the engine has accepted it (or raises the APIError)."""
-        stream = RequestStream(request_id, params.n, self)
+        """Queue a request; returns once the engine has accepted it. Raises the engine's RequestRejected,
+        or an APIError (503) when the server cannot take it."""
+        stream = RequestStream(request_id, params.n, len(prompt_ids), self)
         with self.wakeup:
             if not self.alive:
                 raise APIError(503, "the engine is not running (the server is shutting down)")
@@ -177,10 +180,10 @@ class AsyncEngine:
         while True:
             with self.wakeup:
                 if not (self.commands or self.engine.has_unfinished() or self.stopping):
-                    self.stats.log(self.engine)        # a burst of work just ended
+                    self.stats_logger.log(self.engine.stats())  # a burst of work just ended
                     while not (self.commands or self.engine.has_unfinished() or self.stopping):
                         self.wakeup.wait()
-                    self.stats.start_window()
+                    self.stats_logger.start_window()
                 commands, self.commands = self.commands, []
                 stopping = self.stopping
             for command in commands:
@@ -191,8 +194,9 @@ class AsyncEngine:
             if self.engine.has_unfinished():
                 self.step()
             with self.wakeup:
-                self.num_waiting = self.engine.num_waiting + sum(isinstance(c, Add) for c in self.commands)
-            self.metrics.observe_engine(self.engine)
+                stats = self.engine.stats()
+                self.num_waiting = stats.num_waiting + sum(isinstance(c, Add) for c in self.commands)
+            self.metrics.observe_engine(stats)
 
     def execute(self, command: Add | Abort) -> None:
         if isinstance(command, Abort):
@@ -203,8 +207,8 @@ class AsyncEngine:
         try:
             self.engine.add_request(command.prompt_ids, command.params, request_id=stream.request_id,
                                     arrival=command.arrival)
-        except ValueError as e:
-            stream.put(bad_request(str(e)))
+        except RequestRejected as e:
+            stream.put(e)
             return
         self.streams[stream.request_id] = stream
         stream.put(ACCEPTED)
@@ -216,27 +220,18 @@ class AsyncEngine:
             log.exception("engine step failed")
             self.fail_all(f"internal error in the engine: {type(e).__name__}: {e}")
             return
-        by_request: dict[str, list[TokenDelta]] = defaultdict(list)
+        by_request: dict[str, list[StepOutput]] = defaultdict(list)
         for out in outputs:
-            by_request[out.request_id].append(TokenDelta(out, self.logprobs_of(out)))
-        num_prompt = self.started_prompt_tokens(outputs)
+            by_request[out.request_id].append(out)
+        # prompt tokens of the requests whose first token came out in this step
+        num_prompt = sum(self.streams[out.request_id].num_prompt_tokens for out in outputs if out.first_token)
         self.metrics.observe_step(len(outputs), num_prompt)
-        self.stats.step(self.engine, len(outputs), num_prompt)
-        for request_id, deltas in by_request.items():
-            self.streams[request_id].put(deltas)
-            if self.engine.requests[request_id].finished:
+        self.stats_logger.step(self.engine.stats(), len(outputs), num_prompt)
+        for request_id, request_outputs in by_request.items():
+            self.streams[request_id].put(request_outputs)
+            if request_outputs[-1].request_finished:
                 self.metrics.observe_finished(self.engine.pop_request(request_id))
                 del self.streams[request_id]
-
-    def logprobs_of(self, out: StepOutput):
-        output = self.engine.requests[out.request_id].seqs[out.index].builder.output
-        return None if output.logprobs is None else output.logprobs[-1]
-
-    def started_prompt_tokens(self, outputs: list[StepOutput]) -> int:
-        """Prompt tokens of the requests whose first token came out in this step."""
-        firsts = {o.request_id for o in outputs
-                  if o.index == 0 and len(self.engine.requests[o.request_id].seqs[0].output_ids) == 1}
-        return sum(len(self.engine.requests[r].prompt_ids) for r in firsts)
 
     def fail_all(self, message: str) -> None:
         for request_id, stream in list(self.streams.items()):

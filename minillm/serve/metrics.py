@@ -13,15 +13,20 @@ thread-safe, so ``/metrics`` can be read at any time from the event loop.
 
 Counts are of sequences: ``num_requests_running`` and ``request_success`` count each of a
 request's ``n`` completions, as the scheduler sees them.
+
+The engine's own figures (gauges, and its cumulative preemption and prefix-cache counters) are
+exported as they stand in its latest ``stats()`` snapshot, which the engine thread hands over
+after every step: a scrape reads that snapshot and never touches the engine.
 """
 from __future__ import annotations
 
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from minillm.runtime.engine import LLMEngine, Request
+from minillm.runtime.engine import EngineStats, Request
 
 PREFIX = "minillm:"
 # Seconds, from a fast GPU's milliseconds to a busy CPU's tens of seconds.
@@ -31,13 +36,40 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 log = logging.getLogger("minillm.serve")
 
 
+# (series, help, EngineStats field): gauges, then counters (exported with the _total suffix)
+ENGINE_GAUGES = (
+    ("num_requests_running", "Sequences in the running batch.", "num_running"),
+    ("num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
+    ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use, 0 to 1.", "kv_cache_usage"),
+)
+ENGINE_COUNTERS = (
+    ("num_preemptions", "Sequences preempted (their KV freed, to recompute).", "num_preemptions"),
+    ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+    ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+)
+
+
+class EngineStatsCollector:
+    """The latest ``EngineStats`` as Prometheus series (a custom collector: read at scrape time)."""
+
+    def __init__(self, model_name: str, stats: EngineStats):
+        self.model_name, self.stats = model_name, stats
+
+    def collect(self):
+        stats = self.stats  # one snapshot for every series of this scrape
+        for kind, series in ((GaugeMetricFamily, ENGINE_GAUGES), (CounterMetricFamily, ENGINE_COUNTERS)):
+            for name, doc, field in series:
+                family = kind(PREFIX + name, doc, labels=["model_name"])
+                family.add_metric([self.model_name], getattr(stats, field))
+                yield family
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, stats: EngineStats):
         self.registry = CollectorRegistry()
         label = {"labelnames": ["model_name"], "registry": self.registry}
-
-        def gauge(name, doc):
-            return Gauge(PREFIX + name, doc, **label).labels(model_name)
+        self.engine_stats = EngineStatsCollector(model_name, stats)
+        self.registry.register(self.engine_stats)
 
         def counter(name, doc):
             return Counter(PREFIX + name, doc, **label).labels(model_name)
@@ -45,14 +77,8 @@ class ServerMetrics:
         def histogram(name, doc):
             return Histogram(PREFIX + name, doc, buckets=LATENCY_BUCKETS, **label).labels(model_name)
 
-        self.running = gauge("num_requests_running", "Sequences in the running batch.")
-        self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled.")
-        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use, 0 to 1.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that produced a token.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
-        self.preemptions = counter("num_preemptions", "Sequences preempted (their KV freed, to recompute).")
-        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.success = Counter(PREFIX + "request_success", "Finished completions, by finish reason.",
                                ["model_name", "finished_reason"], registry=self.registry)
         self.model_name = model_name
@@ -60,34 +86,26 @@ class ServerMetrics:
         self.itl = histogram("inter_token_latency_seconds", "Gap between consecutive tokens of a sequence.")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the last token of a request.")
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
-        self.seen = {"preemptions": 0, "queries": 0, "hits": 0}  # engine totals already counted
 
     def observe_step(self, num_generated: int, num_prompt: int) -> None:
         """A step's new tokens, and the prompt tokens of the requests whose first token it made."""
         self.generation_tokens.inc(num_generated)
         self.prompt_tokens.inc(num_prompt)
 
-    def observe_engine(self, engine: LLMEngine) -> None:
-        """The engine's state now: gauges, and the growth of its running totals."""
-        self.running.set(engine.num_running)
-        self.waiting.set(engine.num_waiting)
-        bm = engine.block_manager
-        self.kv_usage.set(bm.usage)
-        for key, total, counter in (("preemptions", engine.scheduler.num_preemptions, self.preemptions),
-                                    ("queries", bm.prefix_cache_queries, self.prefix_queries),
-                                    ("hits", bm.prefix_cache_hits, self.prefix_hits)):
-            counter.inc(total - self.seen[key])
-            self.seen[key] = total
+    def observe_engine(self, stats: EngineStats) -> None:
+        """The engine's snapshot after a step: what the next scrape exports."""
+        self.engine_stats.stats = stats
 
     def observe_finished(self, request: Request) -> None:
-        first = request.seqs[0].times
+        times = request.times  # one per completion; they share the arrival and the first schedule
+        first = times[0]
         self.queue_time.observe(first.first_scheduled - first.arrival)
-        self.ttft.observe(min(s.times.first_token for s in request.seqs) - first.arrival)
-        self.e2e.observe(max(s.times.finished for s in request.seqs) - first.arrival)
-        for seq in request.seqs:
-            for earlier, later in zip(seq.times.tokens, seq.times.tokens[1:]):
+        self.ttft.observe(min(t.first_token for t in times) - first.arrival)
+        self.e2e.observe(max(t.finished for t in times) - first.arrival)
+        for t, output in zip(times, request.outputs):
+            for earlier, later in zip(t.tokens, t.tokens[1:]):
                 self.itl.observe(later - earlier)
-            self.success.labels(self.model_name, seq.builder.output.finish_reason).inc()
+            self.success.labels(self.model_name, output.finish_reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -105,19 +123,19 @@ class StatsLogger:
         self.last = time.perf_counter()
         self.prompt_tokens = self.generation_tokens = 0
 
-    def step(self, engine: LLMEngine, num_generated: int, num_prompt: int) -> None:
+    def step(self, stats: EngineStats, num_generated: int, num_prompt: int) -> None:
         self.generation_tokens += num_generated
         self.prompt_tokens += num_prompt
         if time.perf_counter() - self.last >= self.interval:
-            self.log(engine)
+            self.log(stats)
 
-    def log(self, engine: LLMEngine) -> None:
+    def log(self, stats: EngineStats) -> None:
         if not self.generation_tokens:
             return
-        now = time.perf_counter()
-        bm, seconds = engine.block_manager, now - self.last
-        hit_rate = bm.prefix_cache_hits / bm.prefix_cache_queries if bm.prefix_cache_queries else 0.0
+        seconds = time.perf_counter() - self.last
+        queries = stats.prefix_cache_queries
+        hit_rate = stats.prefix_cache_hits / queries if queries else 0.0
         log.info("prompt %.1f tok/s, generation %.1f tok/s | running %d, waiting %d | KV cache %.1f%% | "
                  "prefix cache hit rate %.1f%%", self.prompt_tokens / seconds, self.generation_tokens / seconds,
-                 engine.num_running, engine.num_waiting, 100 * bm.usage, 100 * hit_rate)
+                 stats.num_running, stats.num_waiting, 100 * stats.kv_cache_usage, 100 * hit_rate)
         self.start_window()

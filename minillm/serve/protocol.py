@@ -9,6 +9,10 @@ Beyond OpenAI's fields, vLLM's extra sampling fields are accepted (the ``openai`
 with ``extra_body``): ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
 ``stop_token_ids``. Their ranges are checked by ``SamplingParams`` itself; a ``ValueError`` there
 becomes a 400 naming the parameter.
+
+What depends on the engine - token ids in the vocabulary, ``n`` against ``max_num_seqs``, the prompt
+and its completion against the context and the KV cache - is checked by the engine alone; its
+``RequestRejected`` comes back here to be named with this request's own field (``rejection``).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from minillm.generation.sampling import SamplingParams
+from minillm.runtime.errors import RequestRejected
 from minillm.serve.errors import APIError, bad_request
 
 MAX_LOGPROBS = 20  # most alternatives returned per token (vLLM's default cap)
@@ -71,12 +76,24 @@ class SamplingFields(Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def check_model(self, served_model: str) -> None:
+        if self.model != served_model:
+            raise APIError(404, f"The model `{self.model}` does not exist. This server serves `{served_model}`.",
+                           "model", "model_not_found")
+
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        rename: dict[str, str] | None = None) -> SamplingParams:
+    def request_field(self, name: str | None) -> str | None:
+        """This request's name for a ``SamplingParams`` field or an engine parameter."""
+        return name
+
+    def rejection(self, e: RequestRejected) -> APIError:
+        """The engine's refusal as a 400 naming this request's field."""
+        return bad_request(e.message, self.request_field(e.param), e.code)
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams with OpenAI's defaults; a bad value -> 400 naming the request field."""
         given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         given = {"max_tokens": max_tokens, "logprobs": logprobs, **given}
@@ -84,7 +101,7 @@ class SamplingFields(Strict):
             return SamplingParams(**given)
         except ValueError as e:
             name = str(e).split(" ", 1)[0]  # SamplingParams' messages start with the field name
-            raise bad_request(str(e), (rename or {}).get(name, name)) from None
+            raise bad_request(str(e), self.request_field(name)) from None
 
 
 SAMPLING_FIELDS = [f.name for f in fields(SamplingParams)
@@ -103,13 +120,11 @@ class CompletionRequest(SamplingFields):
             if len(prompt) != 1:
                 raise bad_request(f"prompt holds {len(prompt)} prompts; send one prompt per request", "prompt")
             prompt = prompt[0]
-        if not prompt:
-            raise bad_request("prompt is empty: give at least one token", "prompt")
-        return prompt
+        return prompt  # an empty one is the engine's to refuse, as from any other caller
 
-    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+    def to_sampling_params(self) -> SamplingParams:
         check_logprobs(self.logprobs, "logprobs")
-        return self.sampling_params(max_tokens, self.logprobs)
+        return self.sampling_params(self.max_tokens, self.logprobs)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -120,20 +135,27 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
 
+    def conversation(self) -> list[dict]:
+        if not self.messages:
+            raise bad_request("messages must be a non-empty list", "messages")
+        return [m.as_dict() for m in self.messages]
+
     def requested_max_tokens(self) -> tuple[int | None, str]:
         """The completion budget the client asked for (None: up to the context) and its field name."""
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
-    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+    def request_field(self, name: str | None) -> str | None:
+        renamed = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": self.requested_max_tokens()[1]}
+        return renamed.get(name, name)
+
+    def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
         check_logprobs(self.top_logprobs, "top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        _, max_name = self.requested_max_tokens()
-        return self.sampling_params(max_tokens, logprobs, rename={"logprobs": "top_logprobs",
-                                                                   "max_tokens": max_name})
+        return self.sampling_params(self.requested_max_tokens()[0], logprobs)
 
 
 def check_logprobs(value: int | None, param: str) -> None:

@@ -13,19 +13,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from minillm.generation.sampling import TokenLogprobs
 from minillm.generation.tokenizer import Tokenizer
 from minillm.runtime.engine import StepOutput
-
-
-@dataclass
-class TokenDelta:
-    """One new token of one of a request's n completions, as the engine thread hands it over."""
-    step: StepOutput
-    logprobs: TokenLogprobs | None  # when the request asked for logprobs
 
 
 @dataclass
@@ -52,15 +45,15 @@ class ResponseBuilder:
         self.want_logprobs, self.include_usage = logprobs, include_usage
         self.choices = [Choice(i) for i in range(n)]
 
-    def add(self, delta: TokenDelta) -> dict | None:
+    def add(self, step: StepOutput) -> dict | None:
         """Record one token; return the chunk to stream, or None if it brought no text yet."""
-        step, c = delta.step, self.choices[delta.step.index]
+        c = self.choices[step.index]
         c.text += step.text_delta
         c.num_tokens += 1
         c.finish_reason = step.finish_reason
-        if delta.logprobs is not None:
-            c.logprobs.append(delta.logprobs)
-            c.unsent.append(delta.logprobs)
+        if step.logprobs is not None:
+            c.logprobs.append(step.logprobs)
+            c.unsent.append(step.logprobs)
         if not step.text_delta and step.finish_reason is None:
             return None
         choice = self.chunk_choice(c, step.text_delta, c.unsent)

@@ -333,7 +333,7 @@ def test_tiny_model_prefill_and_decode_match_the_reference_backend(rng):
         cache = model.new_cache(n_slots=1, max_len=8)
         prefill = AttentionMetadata(query_lens=[3], context_lens=[0], seq_slots=[0])
         decode = AttentionMetadata(query_lens=[1], context_lens=[3], seq_slots=[0])
-        logits[backend] = [model.forward(np.array([5, 17, 63]), prefill.positions(), prefill, cache),
-                           model.forward(np.array([42]), decode.positions(), decode, cache)]  # (1, V) each
+        logits[backend] = [model.forward(np.array([5, 17, 63]), prefill, cache),
+                           model.forward(np.array([42]), decode, cache)]  # (1, V) each
     for got, want in zip(logits["cuda"], logits["reference"]):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=DOT_ATOL)

@@ -1,0 +1,102 @@
+"""Runtime repacking: a QMatrix rearranged once, at load time, into the layout the SIMD kernels read.
+
+The GGUF layout interleaves a block's fp16 scale, its minimum and its codes, row after row: a kernel
+must decode the fp16 scales and can feed each activation load to one row only. ``repack`` splits
+them apart (what llama.cpp calls "runtime repacking"):
+
+    quants  uint8 (groups, blocks, R, 16 | 32)  the codes of R rows, block by block: for block b,
+                                                the codes of its R rows lie side by side, so one
+                                                activation block serves R rows from registers;
+                                                4-bit codes keep GGUF's order (byte j = weight j
+                                                low, weight j + 16 high: one mask and one shift
+                                                make two whole vectors of lanes)
+    scales  float32 (groups, blocks, R)         d, converted from fp16 once (exactly)
+    mins    float32 (groups, blocks, R)         Q4_1: m;  Q4_0: -8 d, so that w = d q + m for both
+                                                (exact: (q - 8) d has at most 15 significant bits)
+
+Rows are padded with zero blocks to a multiple of R; the kernels' padded outputs are cut off.
+R (``ROWS_PER_GROUP``) follows the target's registers: each row holds one accumulator of 16 fp32
+lanes, which is one AVX-512 register of 32 or two AVX2 registers of 16.
+
+``RepackedMatrix`` is a ``QMatrix`` (the GGUF bytes stay, for the reference backend, the
+embedding lookup and the batched kernel) that also carries the repacked arrays and the activation
+mode ("fp32": exact; "int8": activations quantized per block, integer dot products).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minillm.hardware.machine import compile_target
+from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE, QMatrix
+
+# 8 rows x 1 zmm accumulator on AVX-512 (of 32 registers), 4 rows x 2 ymm on AVX2 (of 16): the
+# rest hold the activation block and the unpacked codes (AVX2 at R = 4 already spills two). R
+# matters less than the register count suggests: one thread, Q4_1 1536 x 576 in cache, exact mode,
+# AVX2 R = 2 / 4 / 8: 93 / 90 / 84 us; AVX-512 R = 4 / 8: 65 / 66 us (noisy shared machine).
+# The AVX-512 int8 kernel needs R even (it puts two rows in one register).
+ROWS_PER_GROUP = 8 if compile_target().vector_bits == 512 else 4
+ACTIVATIONS = ("fp32", "int8")
+CODE_BYTES = {"Q8_0": 32, "Q4_0": 16, "Q4_1": 16}  # bytes of codes per block (the rest: d, m)
+
+
+@dataclass(frozen=True, eq=False)
+class RepackedMatrix(QMatrix):
+    """A QMatrix plus its SIMD layout (see the module docstring); ``rows_per_group`` is R."""
+
+    quants: np.ndarray       # uint8 (groups * blocks * R * code bytes,)
+    scales: np.ndarray       # float32 (groups * blocks * R,)
+    mins: np.ndarray         # float32 (groups * blocks * R,); empty for Q8_0
+    rows_per_group: int
+    activations: str
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_activations(self.activations)
+
+    @property
+    def groups(self) -> int:
+        return -(-self.shape[0] // self.rows_per_group)
+
+    def __repr__(self):
+        return (f"RepackedMatrix({self.qtype}, shape={self.shape}, {self.rows_per_group} rows a group, "
+                f"activations={self.activations})")
+
+
+def check_activations(activations: str) -> None:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(map(repr, ACTIVATIONS))}, got {activations!r}")
+
+
+def _fp16_field(blocks: np.ndarray, at: int) -> np.ndarray:
+    """(rows, blocks, block bytes) uint8 -> (rows, blocks) float32 from the fp16 at byte ``at``."""
+    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _group_major(a: np.ndarray, rows_per_group: int) -> np.ndarray:
+    """(padded rows, blocks, ...) -> flat, ordered (groups, blocks, R, ...)."""
+    padded_rows, n_blocks = a.shape[:2]
+    grouped = a.reshape(padded_rows // rows_per_group, rows_per_group, n_blocks, *a.shape[2:])
+    return np.ascontiguousarray(np.swapaxes(grouped, 1, 2)).reshape(-1)
+
+
+def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int = ROWS_PER_GROUP) -> RepackedMatrix:
+    """The SIMD layout of ``qm``, for the fp32 ("exact") or int8 activation kernels."""
+    check_activations(activations)
+    if isinstance(qm, RepackedMatrix):
+        qm = QMatrix(qm.qtype, qm.shape, qm.data)
+    rows, cols = qm.shape
+    n_blocks = cols // BLOCK_SIZE
+    padded = -(-rows // rows_per_group) * rows_per_group
+    blocks = np.zeros((padded, n_blocks, BLOCK_BYTES[qm.qtype]), dtype=np.uint8)  # (padded, blocks, bytes)
+    blocks[:rows] = qm.data.reshape(rows, n_blocks, -1)
+    d = _fp16_field(blocks, 0)  # (padded, blocks)
+    if qm.qtype == "Q8_0":
+        mins = np.empty(0, dtype=np.float32)
+    else:
+        mins = _group_major(_fp16_field(blocks, 2) if qm.qtype == "Q4_1" else d * np.float32(-8), rows_per_group)
+    codes = blocks[:, :, -CODE_BYTES[qm.qtype]:]  # (padded, blocks, code bytes)
+    return RepackedMatrix(qm.qtype, qm.shape, qm.data, quants=_group_major(codes, rows_per_group),
+                          scales=_group_major(d, rows_per_group), mins=mins,
+                          rows_per_group=rows_per_group, activations=activations)

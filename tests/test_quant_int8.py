@@ -1,0 +1,110 @@
+"""Integer mode (quant_int8.py) against a NumPy model of its arithmetic, and against exact fp32.
+
+- quantize_activations: equal, bit for bit, to the NumPy model below (the same float32 operations);
+- the integer part: each block's sum of q_w q_x is an exact integer, so the kernel's result must
+  equal sum_b (d_w d_x isum_b + m_w s_x) computed in float64 from the model, within fp32
+  accumulation error alone (1e-5 relative to the sum of magnitudes);
+- against exact mode: int8 activations move each x by at most d_x / 2, so |y_int8 - W x| is bounded
+  by sum_j |w_j| d_x(j) / 2 (plus the same fp32 slack) - a bound that a wrong scale breaks;
+- every instruction set this target can run (generic vectors, AVX2, AVX-512, AVX-512 VNNI), on
+  every shape class: 1 row, rows off the interleave, 1 block, the SmolLM2 shapes, T = 1 ... 64.
+"""
+import numpy as np
+import pytest
+from test_quant import QTYPES, SMOLLM2_SHAPES, oracle_dequantize, realistic_qmatrix
+
+from minillm.hardware.machine import compile_target
+from minillm.kernels import quant, quant_int8
+from minillm.kernels.quant_repack import ROWS_PER_GROUP, repack
+
+SHAPES = [(1, 32), (1, 576), (3, 64), (7, 96), (13, 32), (17, 576), *SMOLLM2_SHAPES]
+T_VALUES = (1, 2, 3, 4, 5, 17, 64)
+
+
+def runnable_isas() -> list[int]:
+    """The kernels this process's target can compile: AVX-512 code needs an AVX-512 target."""
+    target = compile_target()
+    isas = [quant_int8.GENERIC]
+    if target.isa in ("avx2", "avx512"):
+        isas.append(quant_int8.AVX2)
+    if target.isa == "avx512":
+        isas.append(quant_int8.AVX512)
+        if target.vnni:
+            isas.append(quant_int8.AVX512_VNNI)
+    return isas
+
+
+def model_quantize_activations(x: np.ndarray):
+    """NumPy model of Q8_1 activation quantization, float32 throughout: codes, scales, block sums."""
+    blocks = x.astype(np.float32).reshape(-1, 32)  # (blocks, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)  # (blocks,)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    v = blocks * inverse[:, None]  # (blocks, 32)
+    q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.int32)  # roundf: halves away from 0
+    return q.astype(np.int8).reshape(-1), d, (d * q.sum(axis=1).astype(np.float32)).astype(np.float32)
+
+
+def model_int8_matvec(x: np.ndarray, qm) -> tuple[np.ndarray, np.ndarray]:
+    """(y, magnitude) in float64: y = sum_b d_w d_x isum + m_w s_x with exact integer block sums."""
+    codes, d_x, s_x = model_quantize_activations(x)
+    rows, cols = qm.shape
+    w = oracle_dequantize(qm).astype(np.float64).reshape(rows, cols // 32, 32)  # (rows, blocks, 32)
+    x_hat = codes.astype(np.float64).reshape(-1, 32) * d_x[:, None].astype(np.float64)  # (blocks, 32)
+    y = np.einsum("rbj,bj->r", w, x_hat)  # W x_hat: exact int block sums scaled, in float64
+    magnitude = np.einsum("rbj,bj->r", np.abs(w), np.abs(x_hat))  # (rows,)
+    return y, magnitude
+
+
+@pytest.mark.parametrize("cols", [32, 96, 1536])
+def test_activation_quantization_equals_the_numpy_model(cols):
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal(cols).astype(np.float32) * rng.uniform(0.01, 10)
+    x[:32] = 0.0  # an all-zero block: d = 0, codes 0
+    if cols > 32:
+        x[32:64] = np.linspace(-127, 127, 32, dtype=np.float32) / 2  # halves: rounding ties
+    codes, scales, sums = quant_int8.quantize_activations(x)
+    want_codes, want_scales, want_sums = model_quantize_activations(x)
+    np.testing.assert_array_equal(codes, want_codes)
+    np.testing.assert_array_equal(scales, want_scales)
+    np.testing.assert_array_equal(sums, want_sums)
+    assert np.abs(codes).max() <= 127
+
+
+@pytest.mark.parametrize("isa", runnable_isas(), ids=lambda i: quant_int8.ISA_NAMES[i])
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows, cols", SHAPES)
+def test_int8_matvec_equals_the_integer_model(isa, qtype, rows, cols):
+    qm = realistic_qmatrix(qtype, rows, cols, seed=rows + cols)
+    x = np.random.default_rng(cols).standard_normal(cols).astype(np.float32)
+    rows_per_group = ROWS_PER_GROUP if isa in (quant_int8.AVX512, quant_int8.AVX512_VNNI) else 4
+    y = quant_int8.matvec(x, repack(qm, "int8", rows_per_group), isa=isa)
+    expected, magnitude = model_int8_matvec(x, qm)
+    assert y.dtype == np.float32 and y.shape == (rows,)
+    assert np.all(np.abs(y - expected) <= 1e-5 * magnitude + 1e-6)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T", T_VALUES)
+def test_int8_qlinear_is_within_the_activation_rounding_of_exact(qtype, T):
+    qm = realistic_qmatrix(qtype, 101, 96, seed=T)  # 101 rows: not a multiple of 4 or 8
+    x = np.random.default_rng(T).standard_normal((T, 96)).astype(np.float32)
+    y = quant.qlinear(x, repack(qm, "int8"))  # (T, 101)
+    w = oracle_dequantize(qm).astype(np.float64)  # (101, 96)
+    exact = x.astype(np.float64) @ w.T  # (T, 101)
+    d_x = np.abs(x).reshape(T, -1, 32).max(axis=2) / 127  # (T, blocks)
+    half_step = np.repeat(d_x / 2, 32, axis=1)  # (T, 96): the most rounding can move each x
+    bound = half_step @ np.abs(w).T + 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6  # (T, 101)
+    assert np.all(np.abs(y - exact) <= bound)
+
+
+def test_the_hot_loop_uses_the_integer_instructions():
+    """What chapter 04 shows: vpdpbusd on VNNI targets, vpmaddubsw + vpmaddwd on AVX2 / AVX-512."""
+    loop = quant.inner_loop_asm("int8", "Q4_1")
+    target = compile_target()
+    if target.isa == "avx512" and target.vnni:
+        assert any(line.startswith("vpdpbusd") for line in loop)
+    elif target.isa in ("avx2", "avx512"):
+        assert any(line.startswith("vpmaddubsw") for line in loop)
+        assert any(line.startswith("vpmaddwd") for line in loop)
+    assert any(line.startswith("vfmadd") for line in loop)  # one FMA per block and row (pair)
