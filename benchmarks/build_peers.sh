@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp peers for the side-by-side benchmarks, compiled from source (llama-cpp-python, pinned in
 # .ci/constraints.txt; ~9 minutes each on 2 cores):
-#   benchmarks/build_peers.sh native   # into .venv, GGML_NATIVE: every vector extension of this host
+#   benchmarks/build_peers.sh native   # into .venv, GGML_NATIVE: every vector extension of this host but AMX
 #   benchmarks/build_peers.sh avx2     # into .venv-peers-avx2/ (pip --target, no deps): AVX2/FMA/F16C only,
 #                                      # the code path of an AVX2-only CPU, for `decode.py --isa avx2`
 #   benchmarks/build_peers.sh          # both
@@ -14,9 +14,22 @@ PIN=$(grep '^llama-cpp-python==' .ci/constraints.txt)
 PIP=(nice .venv/bin/python -m pip install --no-cache-dir --constraint .ci/constraints.txt)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 
+# Native, less AMX: on this (virtualised) Sapphire-Rapids-class host a native build with AMX repacks
+# the weights into AMX buffers and segfaults in the first llama_decode (seen 2026-12-01; ggml-org/
+# llama.cpp#20824); with extra buffer types off it runs. minillm has no AMX path either, so the peer
+# keeps every other extension of the host. -march=native would define __AMX_INT8__; an explicit
+# -mno-amx-* wins over it in GCC whatever the order.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
 native() {
-    CMAKE_ARGS="-DGGML_NATIVE=ON" "${PIP[@]}" "llama-cpp-python[server]"
-    .venv/bin/python -c "import llama_cpp; print('native:', llama_cpp.llama_print_system_info().decode())"
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'" \
+        "${PIP[@]}" --force-reinstall --no-deps "$PIN"
+    "${PIP[@]}" "llama-cpp-python[server]"  # the server's dependencies (serving.py); the build above stays
+    .venv/bin/python -c "
+import llama_cpp
+info = llama_cpp.llama_print_system_info().decode()
+print('native:', info)
+assert 'AMX_INT8 = 1' not in info, 'the native build still has AMX'"
 }
 
 avx2() {
