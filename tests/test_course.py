@@ -523,7 +523,6 @@ def test_fingerprint_is_read_from_the_first_code_cell():
     assert printed_fingerprint(notebook) is None  # only the first code cell counts
 
 
-@pytest.mark.xfail(strict=True, reason="notebooks not yet converted")
 @pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
 def test_committed_outputs_come_from_this_code(notebook_path):
     printed = printed_fingerprint(json.loads(notebook_path.read_text()))

@@ -9,7 +9,9 @@
     course.progress()                      # your ledger ($MINILLM_PROGRESS, or $MINILLM_HOME/progress.json)
     course.your_code(chapter="ch02")       # SmolLM2 generating on your pieces
     course.draw_stack()                    # chapter 00's map of the six layers
+    course.committed_decode()              # the committed decode.json figures, beside a live one
 """
+from minillm.course.committed import committed_decode, committed_result
 from minillm.course.figure import draw_stack
 from minillm.course.grading import CheckResult, check, show, show_solution
 from minillm.course.ledger import progress
@@ -18,5 +20,5 @@ from minillm.course.timing import time_exercise
 from minillm.course.version import version_cell
 from minillm.course.your_code import your_code
 
-__all__ = ["CheckResult", "check", "draw_stack", "learner_seats", "progress", "show", "show_solution", "time_exercise",
+__all__ = ["CheckResult", "check", "committed_decode", "committed_result", "draw_stack", "learner_seats", "progress", "show", "show_solution", "time_exercise",
            "version_cell", "your_code"]
