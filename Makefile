@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install --quiet --constraint .ci/constraints.txt
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test install model test-unit test-cuda test-notebooks notebooks bench-peers clean
+.PHONY: lab test install model browser test-unit test-cuda test-notebooks notebooks bench-peers clean
 
 ## make lab: environment + default model, then JupyterLab on chapters/
 lab: install model
@@ -14,7 +14,7 @@ lab: install model
 	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## make test: the whole suite - unit tests, CUDA kernels under the simulator, every chapter notebook
-test: install model test-unit test-cuda test-notebooks
+test: install model browser test-unit test-cuda test-notebooks
 	@echo "make test: all suites passed"
 
 install: $(STAMP)
@@ -28,6 +28,21 @@ $(STAMP): pyproject.toml .ci/constraints.txt
 
 model: install
 	$(VENV)/bin/minillm fetch
+
+## make browser: what tests/test_chat_page.py drives - Playwright's Python package (pinned) and Debian's
+## chromium as its browser (apt-get, as root, only when missing; Playwright's own browser download is not used).
+## Without a browser the test skips and says why.
+BROWSER_STAMP := $(VENV)/.browser
+browser: $(BROWSER_STAMP)
+
+$(BROWSER_STAMP): $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium \
+				|| echo "make browser: apt-get could not install chromium; the chat-page test will skip"; \
+		else echo "make browser: no chromium (install Debian's 'chromium' as root); the chat-page test will skip"; fi; }
+	$(PIP) playwright
+	touch $(BROWSER_STAMP)
 
 test-unit: install
 	$(PYTEST) tests --ignore=tests/cuda

@@ -37,9 +37,13 @@ from common import (Contender, add_isa_and_out, default_threads, save_result, se
 from transformers.models.llama.modeling_llama import rotate_half
 
 from minillm.kernels import cpu, reference
+from minillm.model.config import ModelConfig
+from minillm.model.fetch import cached_model_path, fetch
 
-# SmolLM2-135M
-D, FFN, H, HKV, DH, VOCAB, EPS, THETA = 576, 1536, 9, 3, 64, 49152, 1e-5, 100000.0
+# The shapes of the default model (SmolLM2-135M), read from its file
+CONFIG = ModelConfig.from_gguf(cached_model_path() or fetch())
+D, FFN, H, HKV, DH = CONFIG.hidden_size, CONFIG.intermediate_size, CONFIG.n_heads, CONFIG.n_kv_heads, CONFIG.head_dim
+VOCAB, EPS, THETA = CONFIG.vocab_size, CONFIG.rms_eps, CONFIG.rope_theta
 L3_BYTES = 32 << 20
 TURNS = 3
 SIDES = ("ours", "numpy", "torch")

@@ -24,10 +24,12 @@ import sys
 import numpy as np
 
 from common import save_result
-from minillm.hardware.gpu import describe_gpu, device_bandwidth
+from minillm.hardware.gpu import describe_gpu, device_bandwidth, event_seconds, fp32_peak_flops
 from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_quant, cuda_timing
 from minillm.kernels.cuda_paged_attention import paged_attention_gpu
 from minillm.kernels.cuda_setup import SIMULATOR, cuda_available, to_gpu
+from minillm.model.config import ModelConfig
+from minillm.model.fetch import cached_model_path, fetch
 
 EXIT_NO_GPU = 2
 LADDER_SIZE = 1024
@@ -88,29 +90,13 @@ def as_torch(arg):
     return arg
 
 
-def time_torch(fn, args, repeats: int) -> float:
-    import torch
-
-    fn(*args)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn(*args)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return float(np.median(times))
-
-
 # -----------------------------------------------------------------------------------------------
 
 
 def measure(runs, equivalents, repeats: int) -> list[dict]:
     rows = []
     for run in runs:
-        ours_s = cuda_timing.time_gpu(run.run, repeats)
+        ours_s = float(np.median(event_seconds(run.run, repeats)))
         row = {"kernel": run.name, "our_us": ours_s * 1e6, "GB_per_s": run.bytes / ours_s / 1e9,
                "GFLOP_per_s": run.flops / ours_s / 1e9, "intensity_flop_per_byte": run.intensity,
                "torch_us": None, "torch_over_ours": None, "max_abs_diff": None}
@@ -119,7 +105,7 @@ def measure(runs, equivalents, repeats: int) -> list[dict]:
             theirs = fn(*args)
             ours = np.asarray(run.run().copy_to_host()).reshape(-1)[: theirs.numel()]  # reduce_sum: (1,)
             row["max_abs_diff"] = float(np.max(np.abs(ours - theirs.detach().cpu().numpy().reshape(-1))))
-            torch_s = time_torch(fn, args, repeats)
+            torch_s = float(np.median(event_seconds(lambda: fn(*args), repeats)))  # both on the default stream
             row.update(torch_us=torch_s * 1e6, torch_over_ours=torch_s / ours_s)
         print(f"  {row['kernel']:42s} {row['our_us']:10.1f} us {row['GB_per_s']:8.1f} GB/s "
               f"{row['GFLOP_per_s']:9.1f} GFLOP/s"
@@ -133,14 +119,14 @@ def measure(runs, equivalents, repeats: int) -> list[dict]:
 # Paged against contiguous decode attention: what does the block-table lookup cost?
 
 
-def paged_decode_runs(batch: int, context: int, seed: int = 0) -> tuple[list[cuda_timing.KernelRun], float]:
-    """Decode attention of `batch` sequences of `context` keys each, at SmolLM2's heads, two ways.
+def paged_decode_runs(config: ModelConfig, batch: int, context: int, seed: int = 0) -> tuple[list[cuda_timing.KernelRun], float]:
+    """Decode attention of `batch` sequences of `context` keys each, at the model's heads, two ways.
 
     The same keys in a contiguous cache per sequence and in shuffled blocks of one paged cache.
     -> the two runs, and the largest difference between their outputs.
     """
     rng = np.random.default_rng(seed)
-    H, Hkv, Dh = cuda_timing.HEADS, cuda_timing.KV_HEADS, cuda_timing.HEAD_DIM
+    H, Hkv, Dh = config.n_heads, config.n_kv_heads, config.head_dim
     scale = 1 / np.sqrt(Dh)
     blocks_each = context // PAGED_BLOCK_SIZE
     q = rng.standard_normal((batch, H, Dh)).astype(np.float32)  # (B, H, Dh)
@@ -192,7 +178,8 @@ def main() -> int:
 
     gpu = describe_gpu()
     bandwidth = device_bandwidth()
-    peak = cuda_timing.fp32_peak_flops()
+    peak = fp32_peak_flops()
+    config = ModelConfig.from_gguf(cached_model_path() or fetch())  # the default model's shapes
     print(f"{gpu.name}: {gpu.sm_count} SMs, copy bandwidth {bandwidth.bandwidth_gbs:,.0f} GB/s, "
           f"FP32 peak {peak / 1e12 if peak else float('nan'):.1f} TFLOP/s")
     results = {"gpu": gpu.__dict__, "copy_bandwidth_gbs": bandwidth.bandwidth_gbs, "fp32_peak_flops": peak,
@@ -200,13 +187,13 @@ def main() -> int:
     for context in args.contexts:
         for phase, tokens in (("decode", 1), ("prefill", context)):
             print(f"{phase}: {tokens} token(s), context {context}")
-            runs = cuda_timing.smollm2_kernel_runs(tokens, context)
+            runs = cuda_timing.model_kernel_runs(config, tokens, context)
             results[phase][str(context)] = measure(runs, equivalents, args.repeats)
     print(f"matmul ladder at {LADDER_SIZE}^3")
     results["ladder"] = measure(cuda_timing.ladder_runs(LADDER_SIZE), equivalents, args.repeats)
     results["paged_decode"] = {}
     for batch in PAGED_BATCHES:
-        runs, diff = paged_decode_runs(batch, PAGED_CONTEXT)
+        runs, diff = paged_decode_runs(config, batch, PAGED_CONTEXT)
         print(f"paged vs contiguous decode attention: {batch} sequence(s) of {PAGED_CONTEXT} keys, "
               f"blocks of {PAGED_BLOCK_SIZE}, |diff| {diff:.1e}")
         results["paged_decode"][str(batch)] = {"max_abs_diff": diff, "runs": measure(runs, None, args.repeats)}

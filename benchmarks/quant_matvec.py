@@ -43,15 +43,18 @@ from common import (Contender, add_isa_and_out, default_threads, save_result, se
                     take_turns)
 
 from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE
+from minillm.model.config import ModelConfig
+from minillm.model.fetch import cached_model_path, fetch
 
 L3_BYTES = 32 << 20
 TURNS = 3  # per case: minillm's process, BLAS's, three times
-CASES = [  # name, rows (out), cols (in), format
-    ("ffn_gate/up", 1536, 576, "Q4_1"),
-    ("ffn_down", 576, 1536, "Q4_1"),
-    ("attn_q/o", 576, 576, "Q4_1"),
-    ("attn_k/v", 192, 576, "Q4_1"),
-    ("lm_head", 49152, 576, "Q8_0"),
+_C = ModelConfig.from_gguf(cached_model_path() or fetch())  # the default model's shapes, from its file
+CASES = [  # name, rows (out), cols (in), format (as SmolLM2-135M's Q4_1 file stores them)
+    ("ffn_gate/up", _C.intermediate_size, _C.hidden_size, "Q4_1"),
+    ("ffn_down", _C.hidden_size, _C.intermediate_size, "Q4_1"),
+    ("attn_q/o", _C.n_heads * _C.head_dim, _C.hidden_size, "Q4_1"),
+    ("attn_k/v", _C.n_kv_heads * _C.head_dim, _C.hidden_size, "Q4_1"),
+    ("lm_head", _C.vocab_size, _C.hidden_size, "Q8_0"),
 ]
 BATCH_CASES = [CASES[0], CASES[1]]  # the FFN shapes, where most of a forward's flops go
 BATCH_SIZES = (1, 2, 3, 4, 8, 16, 64)

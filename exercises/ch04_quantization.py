@@ -1,6 +1,7 @@
 """Chapter 04 exercises: block quantization.
 
-Two tasks on the Q4_1 format - the one every linear weight of SmolLM2 uses:
+Two tasks on the Q4_1 format - the one every linear weight of SmolLM2 uses - and one on the KV
+cache (task 3, below):
 
     Q4_1 block = 32 weights in 20 bytes:
         bytes 0-1    d, the scale, an IEEE float16 (little-endian)
@@ -14,7 +15,7 @@ a uint8 array of shape (rows, cols // 32 * 20).
 
 Grade your work with:
 
-    .venv/bin/python -m pytest -m "ch04_q4_1_dequantize or ch04_quant_matvec" --impl=exercises
+    .venv/bin/python -m pytest -m "ch04_q4_1_dequantize or ch04_quant_matvec or ch04_kv_int8" --impl=exercises
 
 Replace each ``raise NotImplementedError(...)`` with your code. Keep the signatures as they are.
 """
@@ -28,12 +29,15 @@ from minillm.kernels.quant import QMatrix
 REFERENCE = {
     "dequantize_q4_1": "minillm.kernels.quant.dequantize_q4_1",
     "qmatvec": "minillm.kernels.quant.qmatvec",
+    "quantize_kv_int8": "minillm.kernels.quant_kv.quantize_kv_int8",
+    "dequantize_kv_int8": "minillm.kernels.quant_kv.dequantize_kv_int8",
 }
 
 # The functions each task (pytest marker) grades: course.check(marker) runs its tests.
 TASKS = {
     "ch04_q4_1_dequantize": ["dequantize_q4_1"],
     "ch04_quant_matvec": ["qmatvec"],
+    "ch04_kv_int8": ["quantize_kv_int8", "dequantize_kv_int8"],
 }
 
 
@@ -74,3 +78,25 @@ def qmatvec(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     The tests compare with x @ W.T (W dequantized by the `gguf` package) at SmolLM2's shapes.
     """
     raise NotImplementedError("chapter 4, task 2")
+
+
+def quantize_kv_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Task 3: symmetric int8 K/V, one scale per (token, head) vector.
+
+    x (..., Dh) float32 - e.g. the keys of a batch, (T, Hkv, Dh) - -> codes q (..., Dh) int8 and
+    scales (...,) float32, one per vector along the LAST axis, such that x ~= q * scale[..., None]:
+
+        scale = max_j |x_j| / 127          (a vector of zeros gets scale 0 and codes 0, not NaN)
+        q_j   = round(x_j / scale)         half to even (``np.rint``), so q lies in -127..127
+
+    Symmetric: no zero point (K and V are centred near zero). Whole arrays at a time, no loops.
+
+    Example: x = [0.5, -1.27] -> scale = 0.01, q = [50, -127].
+    """
+    raise NotImplementedError("chapter 4, task 3")
+
+
+def dequantize_kv_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Task 3, the way back: codes q (..., Dh) int8 and scales (...,) float32 -> (..., Dh) float32,
+    q * scale broadcast over the last axis."""
+    raise NotImplementedError("chapter 4, task 3")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +37,7 @@ def _generate(args) -> int:
     from minillm.llm import LLM
 
     params = _sampling_params(args)  # a bad value fails here, before the model loads
-    llm = LLM(args.model, activations=args.activations)
+    llm = LLM(args.model, activations=args.activations, speculative=args.speculative_config)
     for piece in llm.stream(args.prompt, params):
         print(piece, end="", flush=True)
     print()
@@ -83,11 +85,35 @@ def _chat(args) -> int:
         history.append({"role": "assistant", "content": answer})
 
 
+THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _use_threads(threads: int) -> None:
+    """``--threads``: Numba's and the BLAS libraries' thread pools. Their sizes are read once, when each
+    library loads, hence the environment first; Numba, if loaded already, is told directly too."""
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    for variable in THREAD_VARIABLES:
+        os.environ[variable] = str(threads)
+    if "numba" in sys.modules:
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
 def _serve(args) -> int:
+    if args.threads is not None:
+        _use_threads(args.threads)  # before the engine's libraries load
     from minillm.serve.app import main as serve_main
 
     return serve_main(host=args.host, port=args.port, model=args.model, max_num_seqs=args.max_num_seqs,
-                      kv_cache_bytes=args.kv_cache_bytes, max_waiting=args.max_waiting, activations=args.activations)
+                      kv_cache_bytes=args.kv_cache_bytes, max_n=args.max_n, allowed_origins=args.allowed_origins,
+                      enable_docs=args.enable_docs, max_waiting=args.max_waiting, activations=args.activations,
+                      model_name=args.served_model_name, max_model_len=args.max_model_len, api_key=args.api_key,
+                      protect_metrics=args.protect_metrics, request_timeout=args.request_timeout or None,
+                      max_request_tokens=args.max_request_tokens or None, max_body_bytes=args.max_body_bytes or None,
+                      drain_timeout=args.drain_timeout,
+                      log_level=args.log_level, speculative=args.speculative_config)
 
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -105,6 +131,37 @@ def _bench(args) -> int:
               file=sys.stderr)
         return 2
     return subprocess.run([sys.executable, str(script), *args.rest]).returncode
+
+
+def _speculative_config(text: str) -> dict:
+    """``--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'`` (vLLM's flag), checked now."""
+    from minillm.runtime.speculative import SpeculativeConfig
+
+    try:
+        options = json.loads(text)
+        if not isinstance(options, dict):
+            raise ValueError(f"expected a JSON object, got {text!r}")
+        SpeculativeConfig.from_dict(options)
+    except ValueError as e:  # json.JSONDecodeError is a ValueError too
+        raise argparse.ArgumentTypeError(f"--speculative-config: {e}") from None
+    return options
+
+
+def _origins(text: str) -> list[str]:
+    """``--allowed-origins '["https://a.example"]'``: a JSON list of strings, as vLLM takes it."""
+    try:
+        origins = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--allowed-origins must be a JSON list of origins: {e}") from None
+    if not (isinstance(origins, list) and all(isinstance(o, str) for o in origins)):
+        raise argparse.ArgumentTypeError(f"--allowed-origins must be a JSON list of strings, got {text!r}")
+    return origins
+
+
+def _add_speculative(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        '(methods: ngram, self with num_draft_layers)')
 
 
 def _add_activations(p: argparse.ArgumentParser) -> None:
@@ -137,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--seed", type=int, default=None)
         _add_activations(p)
+        if name == "generate":
+            _add_speculative(p)
         p.set_defaults(run=_generate if name == "generate" else _chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (SSE streaming, /metrics)")
@@ -144,9 +203,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", default=None, help="a .gguf file or a Hugging Face model folder (default: SmolLM2)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
-    p.add_argument("--kv-cache-bytes", type=int, default=256 << 20, help="memory for the paged KV cache")
+    p.add_argument("--kv-cache-bytes", type=int, default=None,
+                   help="memory for the paged KV cache (default: min(4 GiB, a quarter of the available memory))")
+    p.add_argument("--max-n", type=int, default=8, help="the most completions (n) one request may ask for")
+    p.add_argument("--allowed-origins", type=_origins, default=[],
+                   help='web origins whose pages may call the API, as JSON, e.g. \'["https://app.example"]\' '
+                        '(default: only the server\'s own chat page)')
+    p.add_argument("--enable-docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
     p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
     _add_activations(p)
+    _add_speculative(p)
+    # what an operator reaches for first (vLLM's names where vLLM has the flag)
+    p.add_argument("--served-model-name", default=None, help="the name clients send as \"model\" (default: the file's)")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + completion, in tokens")
+    p.add_argument("--threads", type=int, default=None, help="Numba/BLAS threads (default: one per core)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINILLM_API_KEY; none: open)")
+    p.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds after which a request is aborted with a 504 (0: never)")
+    p.add_argument("--max-request-tokens", type=int, default=32768,
+                   help="the most n x max_tokens one request may ask for (0: no limit)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="request bodies larger than this get 413 (0: no limit)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM/Ctrl-C, seconds in-flight requests get to finish before they are aborted")
     p.set_defaults(run=_serve)
 
     p = sub.add_parser("bench", help="side-by-side benchmarks: decode, throughput, serve (JSON results)")

@@ -20,7 +20,7 @@ from pathlib import Path
 # shows as a bare object repr in a notebook rendered on GitHub).
 from tqdm.std import tqdm
 
-from minillm.generation.chat import render_chat
+from minillm.generation.chat import render_chat_parts
 from minillm.generation.output import CompletionOutput
 from minillm.generation.sampling import SamplingParams
 from minillm.generation.tokenizer import Tokenizer
@@ -66,7 +66,8 @@ class LLM:
     def __init__(self, model: str | Path | None = None, backend: str = "numba", activations: str = "fp32",
                  **engine_args):
         """``activations`` ("fp32" or "int8") is how the linear layers take their input; ``engine_args``
-        go to ``LLMEngine``: kv_cache_bytes, block_size, max_num_seqs, max_num_batched_tokens."""
+        go to ``LLMEngine``: kv_cache_bytes, block_size, max_num_seqs, max_num_batched_tokens, speculative
+        (vLLM's speculative_config, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``)."""
         self.path = Path(model) if model is not None else (cached_model_path() or fetch())
         self.model = load_model(self.path, backend=backend, activations=activations)
         self.tokenizer = load_tokenizer(self.path)
@@ -124,12 +125,15 @@ class LLM:
             if not finished:  # the caller stopped early (break, Ctrl-C): free the blocks now
                 engine.abort(request_id)
 
-    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
-        """The token ids of a conversation rendered with the model's chat template."""
+    def chat_prompt(self, messages: Sequence[dict], max_tokens: int | None = None) -> list[int]:
+        """The token ids of a conversation rendered with the model's chat template. Message contents
+        are plain text: a special token typed in one is its characters, not the control token.
+        ``max_tokens``: see ``Tokenizer.encode`` (``TooManyTokens``)."""
         tok = self.tokenizer
-        text = render_chat(messages, tok.chat_template, add_generation_prompt=True,
-                           bos_token=tok.bos_token or "", eos_token=tok.eos_token or "")
-        return tok.encode(text, add_bos=False)
+        parts = render_chat_parts(messages, tok.chat_template, add_generation_prompt=True,
+                                  special_tokens=tok.added_token_ids, bos_token=tok.bos_token or "",
+                                  eos_token=tok.eos_token or "")
+        return tok.encode_parts(parts, add_bos=False, max_tokens=max_tokens)
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> RequestOutput:
         """The assistant's reply to a conversation."""

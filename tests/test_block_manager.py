@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minillm.runtime.block_manager import BlockManager, hash_block, slot_mapping
+from minillm.runtime.block_manager import BlockManager, BlockPool, hash_block, slot_mapping
 
 # -----------------------------------------------------------------------------
 # task 1: the block pool
@@ -306,6 +306,57 @@ def test_free_releases_the_last_block_first_so_it_is_evicted_first():
     assert bm.allocate("c", [1, 2, 3, 4, 7]) == 2       # [1 2] survived, [3 4] did not
 
 
+@pytest.mark.ch10_kv_rollback
+def test_release_tail_gives_back_exactly_the_blocks_past_the_new_end(impl):
+    release_tail = impl("ch10_speculative").release_tail
+    for block_size in (1, 3, 4):
+        for num_tokens in range(1, 13):
+            pool = BlockPool(6)
+            table = [pool.take() for _ in range(min(6, -(-12 // block_size)))]
+            held = len(table) * block_size
+            if num_tokens > held:
+                continue
+            pool.share(table[-1])                            # the last block also sits in another table
+            kept = release_tail(pool, table, num_tokens, block_size)
+            keep = -(-num_tokens // block_size)              # brute force: ceil(num_tokens / block_size)
+            assert kept == table[:keep]
+            for i, block_id in enumerate(table):             # kept: still held; released: once each
+                expected = (1 if i < keep else 0) + (i == len(table) - 1)
+                assert pool.blocks[block_id].ref_count == expected
+
+
+def test_lookahead_slots_then_truncate_free_whole_blocks_only():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    bm.allocate("a", [1, 2, 3, 4, 5, 6])                # 2 blocks, 6 slots
+    assert bm.can_append_slots("a", 7) and not bm.can_append_slots("a", 6 * 4 + 3)
+    assert bm.append_lookahead_slots("a", 7) is None     # 13 slots: 4 blocks
+    table = bm.block_table("a")
+    assert len(table) == 4 and bm.num_slots("a") == 13 and bm.num_free_blocks == 4
+    bm.truncate("a", 9)                                  # 3 blocks left; the 4th is free again
+    assert bm.block_table("a") == table[:3] and bm.num_slots("a") == 9 and bm.num_free_blocks == 5
+    bm.truncate("a", 9)                                  # truncating to the current length changes nothing
+    assert bm.block_table("a") == table[:3]
+    with pytest.raises(ValueError, match="cannot truncate to 10"):
+        bm.truncate("a", 10)
+    with pytest.raises(ValueError, match="cannot truncate to 0"):
+        bm.truncate("a", 0)
+
+
+def test_truncate_never_cuts_into_prefix_cached_blocks_nor_frees_shared_ones():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    prompt = [1, 2, 3, 4, 5, 6]
+    bm.allocate("a", prompt)
+    bm.mark_computed("a", prompt, 6)                     # block 0 ([1 2 3 4]) is now in the prefix cache
+    with pytest.raises(ValueError, match="prefix-cached"):
+        bm.truncate("a", 3)
+    bm.fork("a", "b")                                    # b shares both blocks
+    assert bm.append_lookahead_slots("b", 3) is not None  # the shared partial tail is copied first
+    bm.truncate("b", 4)                                  # b lets go of its private blocks ...
+    shared = bm.block_table("a")[0]
+    assert bm.block_table("b") == [shared] and bm.pool.blocks[shared].ref_count == 2  # ... never a's
+    assert bm.num_free_blocks == 8 - 2
+
+
 # -----------------------------------------------------------------------------
 # random workloads against a shadow model
 
@@ -380,6 +431,36 @@ class RandomWorkload(RuleBasedStateMachine):
         self.storage[slot] = token
         self.tokens[seq] = toks
         self._report_computed(seq, len(toks) - 1)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), token=st.integers(0, 2), draft=st.lists(st.integers(0, 2), max_size=5))
+    def speculate(self, data, token, draft):
+        """A verify step: the newest token plus a draft get slots and are written; then a random
+        number of draft tokens is accepted and the rest rolled back (as the engine does)."""
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        if not self.bm.can_append(seq):
+            return
+        toks = self.tokens[seq] + [token]
+        slot, copy = self.bm.append_slot(seq, toks)
+        if copy is not None:
+            src, dst = copy
+            self.storage[dst * self.bs:(dst + 1) * self.bs] = self.storage[src * self.bs:(src + 1) * self.bs]
+        self._report_computed(seq, len(toks) - 1)
+        if not self.bm.can_append_slots(seq, len(draft)):
+            draft = []                       # no room for a draft: a plain decode step
+        assert self.bm.append_lookahead_slots(seq, len(draft)) is None  # append_slot made the tail private
+        table = self.bm.block_table(seq)
+        slots = slot_mapping(table, np.arange(len(toks) - 1, len(toks) + len(draft)), self.bs)
+        self.storage[slots] = [token, *draft]  # the verify forward writes every row's K/V
+        accepted = data.draw(st.integers(0, len(draft)))
+        toks += draft[:accepted]
+        free_before = self.bm.num_free_blocks
+        self.bm.truncate(seq, len(toks))
+        released = len(table) - len(self.bm.block_table(seq))
+        assert self.bm.num_free_blocks == free_before + released  # lookahead blocks are private: all come back
+        self.bm.mark_computed(seq, toks, len(toks))
+        self.tokens[seq] = toks
+        self._report_computed(seq, len(toks))
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())

@@ -57,3 +57,22 @@ def test_llm_hands_activations_to_the_loader(smollm2_path):
 
     with pytest.raises(ValueError, match="activations must be one of 'fp32', 'int8', got 'int4'"):
         LLM(smollm2_path, activations="int4")
+
+
+def test_a_model_that_is_not_gguf_is_named_without_its_bytes(tmp_path):
+    secret = tmp_path / "id_rsa.gguf"
+    secret.write_text("SECRET-KEY-MATERIAL\n")
+    run = minillm("serve", "--model", str(secret), "--port", "0")
+    assert run.returncode == 2 and "not a GGUF file" in run.stderr
+    assert "SECRET" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_serve_takes_the_abuse_limits_as_flags():
+    from minillm.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert args.max_n == 8 and args.allowed_origins == [] and not args.enable_docs and args.kv_cache_bytes is None
+    args = build_parser().parse_args(["serve", "--allowed-origins", '["https://a.example"]', "--max-n", "2"])
+    assert args.allowed_origins == ["https://a.example"] and args.max_n == 2
+    run = minillm("serve", "--allowed-origins", "https://a.example")
+    assert run.returncode == 2 and "JSON list" in run.stderr

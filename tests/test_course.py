@@ -1,6 +1,6 @@
 """The course's plumbing: the source fingerprint, grading a task, the ledger, the learner's
-backend and seats, SmolLM2 on the learner's code, and the committed notebooks' freshness and
-task order."""
+backend and seats, SmolLM2 on the learner's code, the committed notebooks' freshness and task
+order, each chapter's closing readings, and the bilingual glossary."""
 import ast
 import hashlib
 import importlib
@@ -298,12 +298,12 @@ def test_exercises_backend_takes_written_kernels_that_agree(monkeypatch):
     assert ops.tasks["ch02_softmax"] == ops.owners["softmax"] and ops.tasks["ch04_quant_matvec"] == "yours (ch04_quant_matvec)"
     assert ops.owners["qlinear"] == ("decode: yours (ch04_quant_matvec); "
                                      "prefill: yours (ch04_q4_1_dequantize)")
-    from minillm.kernels import quant
+    from minillm.kernels import quant, reference
     rng = np.random.default_rng(1)
     qm = quant.quantize(rng.standard_normal((96, 64)).astype(np.float32), "Q4_1")
     for rows in (1, 2, 7):  # both the matvec and the dequantize paths, against the NumPy spec
         x = rng.standard_normal((rows, 64)).astype(np.float32)
-        np.testing.assert_allclose(ops.qlinear(x, qm), quant.qlinear_reference(x, qm), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ops.qlinear(x, qm), reference.qlinear(x, qm), rtol=1e-4, atol=1e-4)
 
 
 def test_learner_seats_swap_written_pieces_and_put_them_back(monkeypatch):
@@ -548,3 +548,93 @@ def test_make_notebooks_executes_every_chapter_in_order_in_place():
     executed = re.findall(r"nbconvert --to notebook --execute --inplace .*?(chapters/\S+\.ipynb)", dry_run)
     assert executed == [str(p.relative_to(REPO)) for p in CHAPTERS]
     assert "--ExecutePreprocessor.timeout=900" in dry_run  # test-notebooks' cell timeout
+
+
+# -----------------------------------------------------------------------------------------------
+# readings at the end of every chapter, and the glossary
+
+GLOSSARY = REPO / "chapters" / "glossary.md"
+LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+[.)])\s+(.*)")
+CITATION = re.compile(r"\]\([^)\s]+\)|https?://|\b(?:19|20)\d\d\b")  # a link, or the year of a reference
+HAN = re.compile(r"[\u4e00-\u9fff]")
+CHAPTER_CELL = re.compile(r"(\d\d(?:, \d\d)*)( \(planned\))?")  # "04", "06, 09", "10 (planned)"
+
+
+def markdown_sources(notebook: dict) -> list[str]:
+    return [cell_source(c) for c in notebook["cells"] if c["cell_type"] == "markdown"]
+
+
+def readings_problems(notebook: dict) -> list[str]:
+    """The last markdown cell must be headed '## Readings' and list at least two references
+    (list items holding a link or a year)."""
+    markdown = markdown_sources(notebook)
+    last = markdown[-1].strip() if markdown else ""
+    if last.splitlines()[:1] != ["## Readings"]:
+        return ["the last markdown cell is not headed '## Readings'"]
+    items = [m.group(1) for line in last.splitlines() if (m := LIST_ITEM.fullmatch(line))]
+    references = [item for item in items if CITATION.search(item)]
+    if len(references) < 2:
+        return [f"its Readings list {len(references)} reference(s) with a link or a year; at least 2"]
+    return []
+
+
+def markdown_notebook(*sources: str) -> dict:
+    return {"cells": [{"cell_type": "markdown", "source": s} for s in sources]
+            + [{"cell_type": "code", "source": "course.your_code()", "outputs": []}]}
+
+
+@pytest.mark.parametrize("sources, ok", [
+    (["# 01", "## Readings\n\n- A, \"[T](https://x.org/a)\" — why.\n- B, *Book*, 2009 — why."], True),
+    (["# 01", "## Readings\n\n1. [T](t.md) — why.\n2. [U](u.md) — why."], True),
+    (["# 01", "## Readings\n\n- [T](https://x.org/a) — the only one."], False),
+    (["# 01", "## Readings\n\n- something to read\n- something else"], False),  # no link, no year
+    (["## Readings\n\n- [T](https://x.org) 2020\n- [U](https://y.org) 2021", "Next: chapter 02."], False),
+    (["# 01", "## Further reading\n\n- [T](https://x.org)\n- [U](https://y.org)"], False),
+])
+def test_readings_detection_on_synthetic_notebooks(sources, ok):
+    assert (readings_problems(markdown_notebook(*sources)) == []) == ok
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_each_chapter_ends_with_its_readings(notebook_path):
+    problems = readings_problems(json.loads(notebook_path.read_text(encoding="utf-8")))
+    assert not problems, f"{notebook_path.name}: " + "; ".join(problems)
+
+
+def glossary_rows() -> list[list[str]]:
+    """The cells of every row of the glossary's tables, header and rule rows left out."""
+    rows = []
+    for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|") or set(line) <= set("|-: "):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells != ["English", "中文", "meaning", "chapter"]:
+            rows.append(cells)
+    return rows
+
+
+def test_the_glossary_has_sixty_bilingual_terms_each_with_the_chapter_that_builds_it():
+    rows = glossary_rows()
+    notebooks = {p.name[:2] for p in CHAPTERS}
+    problems = []
+    for row in rows:
+        if len(row) != 4 or not all(row):
+            problems.append(f"not four filled columns (English | 中文 | meaning | chapter): {row}")
+            continue
+        english, chinese, _, chapter = row
+        if not HAN.search(chinese):
+            problems.append(f"{english}: no Chinese in {chinese!r}")
+        match = CHAPTER_CELL.fullmatch(chapter)
+        if not match:
+            problems.append(f"{english}: chapter {chapter!r} is not like '04', '06, 09' or '10 (planned)'")
+        elif not match.group(2) and (missing := set(match.group(1).split(", ")) - notebooks):
+            problems.append(f"{english}: chapter {', '.join(sorted(missing))} has no notebook; mark it (planned)")
+    assert not problems, "chapters/glossary.md:\n" + "\n".join(problems)
+    terms = [row[0].lower() for row in rows]
+    assert len(set(terms)) == len(terms), f"terms listed twice: {sorted({t for t in terms if terms.count(t) > 1})}"
+    assert len(rows) >= 60, f"the glossary has {len(rows)} terms; at least 60"
+
+
+def test_chapter_00_links_the_glossary():
+    map_chapter = json.loads((REPO / "chapters" / "00_map.ipynb").read_text(encoding="utf-8"))
+    assert any("](glossary.md)" in source for source in markdown_sources(map_chapter))

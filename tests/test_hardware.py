@@ -11,12 +11,12 @@ import numba
 import numpy as np
 import pytest
 
-from minillm.hardware import gpu, microbench, roofline
+from minillm.hardware import devices, gpu, microbench, roofline
 from minillm.hardware.machine import compile_target, describe_machine, package_versions
 from minillm.hardware.microbench import KIB, MIB
 
-# The H100 example of chapter 01: 70B parameters at 1 byte/weight, 3.35 TB/s HBM, 989 TFLOP/s BF16.
-N_70B, H100_BANDWIDTH, H100_PEAK = 70e9, 3.35e12, 989e12
+# The H100 example of chapter 01: 70B parameters at 1 byte/weight, 3.35 TB/s HBM, 989.4 TFLOP/s dense BF16.
+N_70B, H100_BANDWIDTH, H100_PEAK = 70e9, 3.35e12, 989.4e12
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,10 +84,50 @@ def test_seventy_billion_on_an_h100_is_148x_memory_bound():
     four = roofline.four_numbers(N_70B, 1.0, H100_PEAK, H100_BANDWIDTH)
     assert four.weight_bytes == 70e9
     assert four.memory_s_per_step * 1e3 == pytest.approx(20.9, abs=0.05)      # 70e9 / 3.35e12 s
-    assert four.compute_s_per_step * 1e3 == pytest.approx(0.1415, abs=1e-4)   # 2 * 70e9 / 989e12 s = 0.14156
+    assert four.compute_s_per_step * 1e3 == pytest.approx(0.1415, abs=1e-4)   # 2 * 70e9 / 989.4e12 s = 0.14150
     assert four.memory_over_compute == pytest.approx(148, abs=0.5)
     assert four.decode_ceiling_tokens_per_s == pytest.approx(1 / four.memory_s_per_step)
-    assert (roofline.H100_SXM.peak_flops, roofline.H100_SXM.bandwidth_bytes_per_s) == (H100_PEAK, H100_BANDWIDTH)
+    assert (devices.H100_SXM.peak_flops, devices.H100_SXM.bandwidth_bytes_per_s) == (H100_PEAK, H100_BANDWIDTH)
+
+
+def test_llama2_70b_on_one_a100_at_the_bandwidth_limit():
+    # The figure quoted in the course's sources: 1.5 TB/s over 70B x 2 bytes (FP16) = 10.7 tokens/s.
+    assert roofline.decode_ceiling_tokens_per_s(70e9, 2.0, 1.5e12) == pytest.approx(10.71, abs=0.01)
+    # The A100 80GB SXM data sheet (2,039 GB/s) and Llama-2-70B's 68,976,648,192 parameters give more:
+    a100 = devices.A100_SXM_80GB
+    assert roofline.decode_ceiling_tokens_per_s(68_976_648_192, 2.0, a100.bandwidth_bytes_per_s) == pytest.approx(
+        2.039e12 / 137_953_296_384)
+
+
+def test_data_sheet_devices_and_their_ridge_points():
+    h100, a100 = devices.H100_SXM, devices.A100_SXM_80GB
+    assert h100.ridge_point() == pytest.approx(989.4e12 / 3.35e12) and round(h100.ridge_point()) == 295
+    assert a100.ridge_point() == pytest.approx(312e12 / 2.039e12)
+    assert (a100.peak("fp32"), a100.peak("int8"), h100.peak("fp16")) == (19.5e12, 624e12, 989.4e12)
+    assert h100.ridge_point("fp32") == pytest.approx(66.9e12 / 3.35e12)
+    with pytest.raises(ValueError, match="fp8"):
+        h100.peak("fp8")
+    with pytest.raises(ValueError, match="bandwidth_bytes_per_s"):
+        devices.DeviceSpec("broken", 80e9, 0.0, 1.0, 1.0, 1.0, 1.0)
+    rf = roofline.Roofline.of_device(h100, "int8")
+    assert rf.peak_flops == 1978.9e12 and rf.bandwidths == {"HBM": 3.35e12}
+
+
+def test_decode_step_is_the_slower_of_bytes_and_flops():
+    # 1 GB of weights, 2 GFLOP per token, 10 TFLOP/s, 100 GB/s: 10 ms of reading, 0.2 ms of math per token.
+    one = roofline.decode_step(1e9, 2e9, 1e13, 1e11)
+    assert (one.bytes_moved, one.flops, one.seconds, one.bound) == (1e9, 2e9, pytest.approx(0.01), "memory")
+    assert one.tokens_per_s == pytest.approx(100) and one.intensity == 2.0
+    # Each sequence reads 50 MB of KV and does 0.1 GFLOP of attention: batch 64 is still memory-bound ...
+    many = roofline.decode_step(1e9, 2e9, 1e13, 1e11, batch=64, state_bytes_per_seq=5e7, state_flops_per_seq=1e8)
+    assert many.bytes_moved == 1e9 + 64 * 5e7 and many.flops == 64 * 2.1e9
+    assert many.seconds == pytest.approx(4.2e9 / 1e11) and many.bound == "memory"
+    assert many.achieved_flops == pytest.approx(many.flops / many.seconds)
+    # ... and with a 20x slower processor the arithmetic takes over.
+    slow = roofline.decode_step(1e9, 2e9, 5e11, 1e11, batch=64)
+    assert slow.bound == "compute" and slow.seconds == pytest.approx(64 * 2e9 / 5e11)
+    with pytest.raises(ValueError, match="state_bytes_per_seq"):
+        roofline.decode_step(1e9, 2e9, 1e13, 1e11, state_bytes_per_seq=-1.0)
 
 
 def test_batching_shares_the_weight_reads():
@@ -121,6 +161,20 @@ def test_roofline_plot_draws_one_roof_per_level_and_the_points():
     assert sum(label.startswith(("L1", "L2", "DRAM")) for label in labels) == 3
     assert any(text.get_text() == "decode" for text in ax.texts)
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+
+
+def test_plot_rooflines_puts_two_machines_and_their_points_on_one_axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    cpu = roofline.Roofline(peak_flops=1e11, bandwidths={"DRAM": 1e10})
+    gpu_roof = roofline.Roofline.of_device(devices.H100_SXM)
+    ax = roofline.plot_rooflines({"cpu": (cpu, [roofline.RooflinePoint("b1", 2.0, 2e10)]),
+                                  "h100": (gpu_roof, [roofline.RooflinePoint("b64", 128.0, 4e14)])})
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any(label.startswith("cpu: ridge 10.0") for label in labels)
+    assert any(label.startswith("h100: ridge 295.3") for label in labels)
+    assert {text.get_text() for text in ax.texts} == {"b1", "b64"}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -411,3 +411,31 @@ def test_cuda_backend_is_listed_only_when_it_can_run():
     else:
         with pytest.raises(registry.BackendUnavailable, match="cuda"):
             registry.get_backend("cuda")
+
+
+def test_both_register_tiles_equal_numpy():
+    from minillm.kernels import cpu_matmul
+
+    rng = np.random.default_rng(7)
+    a, bt = rng.standard_normal((4, 37)).astype(np.float32), rng.standard_normal((4, 37)).astype(np.float32)
+    for tile, rows in ((cpu_matmul._tile_4x4, 4), (cpu_matmul._tile_2x4, 2)):
+        c = np.zeros((4, 4), np.float32)
+        tile(a, bt, c, 0, 0)
+        np.testing.assert_allclose(c[:rows], a[:rows] @ bt.T, rtol=1e-5, atol=1e-5)
+
+
+def test_the_avx2_code_path_takes_the_small_tile_and_still_multiplies_right():
+    """On a 16-register target (AVX2) the matmul uses 2 x 4 tiles; compiled here for Haswell."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from minillm.kernels import cpu_matmul as m\n"
+            "assert m.TILE_ROWS == 2, m.TILE_ROWS\n"
+            "rng = np.random.default_rng(0)\n"
+            "for M, N, K in ((1, 1, 1), (7, 9, 33), (64, 130, 576)):\n"
+            "    a, bt = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)\n"
+            "    assert np.allclose(m.matmul_nt_parallel(a, bt), a @ bt.T, rtol=1e-4, atol=1e-4), (M, N, K)\n")
+    env = os.environ | {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

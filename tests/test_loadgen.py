@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from minillm.serve.loadgen import (Latencies, RequestResult, build_prompts, meets_targets, percentile,
-                                   send_times, summarize)
+from minillm.serve import loadgen
+from minillm.serve.loadgen import (Latencies, RequestResult, build_prompts, goodput_figures, meets_targets,
+                                   parse_goodput, percentile, send_times, summarize)
 
 
 @pytest.mark.ch09_metric
@@ -57,12 +58,46 @@ def test_summary_on_given_requests():
     assert (s["completed"], s["failed"], s["total_input_tokens"], s["total_output_tokens"]) == (2, 1, 30, 8)
     assert (s["request_throughput"], s["output_throughput"], s["total_token_throughput"]) == (1.0, 4.0, 19.0)
     assert s["request_goodput"] == 0.5  # only the first meets TTFT <= 200 ms and TPOT <= 250 ms
+    assert s["goodput_fraction"] == pytest.approx(1 / 3)  # of the three sent: the failed one met nothing
     assert s["mean_ttft_ms"] == pytest.approx(200) and s["median_e2el_ms"] == pytest.approx(1000)
     itl_ms = [200, 200, 200, 100, 500, 300]
     assert s["p99_itl_ms"] == pytest.approx(np.percentile(itl_ms, 99))
     assert s["mean_tpot_ms"] == pytest.approx(250)
     with pytest.raises(ValueError, match="unknown goodput"):
         meets_targets(results[0].latencies, {"latency": 1})
+
+
+def test_goodput_counts_requests_meeting_every_target_like_vllm():
+    """vLLM's rule, brute-forced with NumPy: a request is good when each latency named in the targets
+    is within its target; a one-token answer (no TPOT) counts as TPOT 0; failures are never good."""
+    rng = np.random.default_rng(4)
+    n = 200
+    ttft, tpot, e2e = rng.uniform(0, 0.4, n), rng.uniform(0, 0.1, n), rng.uniform(0, 3, n)  # (n,) seconds
+    single = rng.random(n) < 0.1                                                          # (n,) one token
+    failed = rng.random(n) < 0.05                                                         # (n,)
+    results = [RequestResult(False, error="HTTP 503") if failed[i] else
+               RequestResult(True, 8, 1 if single[i] else 9,
+                             Latencies(ttft[i], [], None if single[i] else tpot[i], e2e[i])) for i in range(n)]
+    tpot_ms = np.where(single, 0, 1000 * tpot)
+    for targets in ({"ttft": 200, "tpot": 50}, {"ttft": 300}, {"tpot": 20, "e2el": 1500}, {"e2el": 0}):
+        limits = {"ttft": 1000 * ttft, "tpot": tpot_ms, "e2el": 1000 * e2e}
+        good = ~failed & np.all([limits[name] <= ms for name, ms in targets.items()], axis=0)  # (n,)
+        figures = goodput_figures(results, 8.0, targets)
+        assert figures["goodput_fraction"] == good.sum() / n
+        assert figures["request_goodput"] == good.sum() / 8.0
+        assert figures["goodput_targets_ms"] == targets
+
+
+def test_goodput_targets_are_checked_before_a_run():
+    assert parse_goodput(["ttft:200", "tpot:50", "e2el:1e4"]) == {"ttft": 200, "tpot": 50, "e2el": 10000}
+    for items, words in ((["ttft=200"], "NAME:MILLISECONDS"), (["latency:5"], "unknown goodput targets"),
+                         (["tpot:-1"], ">= 0 ms"), (["ttft:nan"], ">= 0 ms")):
+        with pytest.raises(ValueError, match=words):
+            parse_goodput(items)
+
+
+def test_the_progress_bar_is_plain_text():
+    assert loadgen.tqdm.__module__ == "tqdm.std"  # tqdm.auto would draw notebook widgets from a CLI tool
 
 
 def test_arrivals_all_at_once_or_poisson():

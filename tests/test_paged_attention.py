@@ -11,13 +11,7 @@ import numpy as np
 import pytest
 
 from minillm.kernels import reference
-from minillm.kernels.paged_attention import (
-    paged_attention_decode,
-    paged_attention_decode_reference,
-    paged_attention_prefill,
-    paged_attention_prefill_reference,
-    write_kv,
-)
+from minillm.kernels.paged_attention import paged_attention_decode, paged_attention_prefill, write_kv
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
@@ -25,8 +19,8 @@ from minillm.runtime.block_manager import BlockManager
 from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache, bytes_per_token
 
 N_HEADS, HEAD_DIM = 6, 8
-DECODE = {"numba": paged_attention_decode, "reference": paged_attention_decode_reference}
-PREFILL = {"numba": paged_attention_prefill, "reference": paged_attention_prefill_reference}
+DECODE = {"numba": paged_attention_decode, "reference": reference.paged_attention_decode}
+PREFILL = {"numba": paged_attention_prefill, "reference": reference.paged_attention_prefill}
 
 
 def paged_layout(rng, seq_lens, block_size, n_kv_heads, spare_blocks=3):
@@ -114,6 +108,7 @@ PREFILL_CASES = [  # (block_size, n_kv_heads, [(cached context, new tokens), ...
     (4, 2, [(0, 5), (7, 1), (8, 8), (3, 13)]),
     (1, 6, [(2, 3), (0, 1)]),
     (16, 1, [(16, 1), (15, 2), (0, 33), (40, 7)]),
+    (16, 3, [(100, 70), (0, 130), (5, 1)]),  # several query and key tiles of the CPU prefill kernel
 ]
 
 
@@ -139,11 +134,11 @@ def test_numba_kernels_equal_the_numpy_reference():
     q = rng.standard_normal((3, N_HEADS, HEAD_DIM)).astype(np.float32)
     lens = np.array([30, 9, 64])
     np.testing.assert_allclose(paged_attention_decode(q, k_cache, v_cache, tables, lens),
-                               paged_attention_decode_reference(q, k_cache, v_cache, tables, lens), rtol=1e-4, atol=1e-5)
+                               reference.paged_attention_decode(q, k_cache, v_cache, tables, lens), rtol=1e-4, atol=1e-5)
     starts, context = np.array([0, 10, 11, 75]), np.array([20, 8, 0])
     q = rng.standard_normal((75, N_HEADS, HEAD_DIM)).astype(np.float32)
     np.testing.assert_allclose(paged_attention_prefill(q, k_cache, v_cache, tables, starts, context),
-                               paged_attention_prefill_reference(q, k_cache, v_cache, tables, starts, context),
+                               reference.paged_attention_prefill(q, k_cache, v_cache, tables, starts, context),
                                rtol=1e-4, atol=1e-5)
 
 

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from minillm.kernels import quant
+from minillm.kernels import quant, reference
 from minillm.kernels.quant import BLOCK_BYTES, QMatrix
 
 # Random bytes hold nan and inf scales on purpose; NumPy warns when it multiplies them.
@@ -188,7 +188,7 @@ def test_qlinear_every_path(qtype, T):
     x = np.random.default_rng(T).standard_normal((T, 64)).astype(np.float32)
     y = quant.qlinear(x, qm)
     assert_close_to_matmul(y, x, qm)
-    np.testing.assert_allclose(quant.qlinear_reference(x, qm), y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(reference.qlinear(x, qm), y, rtol=1e-4, atol=1e-4)
 
 
 def test_qlinear_refuses_a_wrong_width():

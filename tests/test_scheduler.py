@@ -127,3 +127,28 @@ def test_abort_in_every_state_frees_blocks():
     sched.finish(mid_prefill)  # abort mid-prefill
     sched.finish(waiting)      # abort while waiting (never admitted)
     assert bm.num_free_blocks == bm.num_blocks and not sched.has_unfinished()
+
+
+def test_a_short_request_finishes_within_a_bounded_number_of_steps_while_two_full_contexts_run():
+    """The fairness rule of the Scheduler docstring: decode tokens first, and a share of the token
+    budget left for admissions while sequences wait."""
+    context, budget, max_tokens = 1024, 64, 4
+    bm = BlockManager(3 * context // 16, 16)             # room for both long ones and the short one
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=budget)
+    long_ones = [make_seq(0, context - 8, 8), make_seq(1, context - 8, 8)]
+    for seq in long_ones:
+        sched.add(seq)
+    for _ in range(3):                                   # the long prefills are under way
+        sched.mark_computed(sched.schedule().scheduled)
+    short = make_seq(2, 4, max_tokens)
+    sched.add(short)
+    steps = 0
+    while short.status is not Status.FINISHED:
+        plan = sched.schedule()
+        sampling = [s.seq for s in plan.scheduled if s.completes_prefill]  # as LLMEngine.step does
+        sched.mark_computed(plan.scheduled)
+        for seq in sampling:
+            draw_token(sched, seq)
+        steps += 1
+        assert steps <= max_tokens + 1, "the short request waited behind the long prefills"
+    assert not any(seq.output_ids for seq in long_ones)  # the long ones were still prefilling all along

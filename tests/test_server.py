@@ -329,18 +329,19 @@ def test_a_full_waiting_queue_answers_503(server, model, monkeypatch):
 
     monkeypatch.setattr(engine, "step", held_step)
     monkeypatch.setattr(async_engine, "max_waiting", 2)
+    monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)        # one runs, the others really wait
     body = {"model": model, "prompt": PROMPTS[1], "max_tokens": 3, "temperature": 0}
 
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, timeout=None) as http:
             first = asyncio.ensure_future(http.post("/v1/completions", json=body))
-            await asyncio.to_thread(entered.wait, 300)               # 1 accepted, waiting; the engine is held
-            second = asyncio.ensure_future(http.post("/v1/completions", json=body))
+            await asyncio.to_thread(entered.wait, 300)               # 1 accepted, to run; the engine is held
+            waiting = [asyncio.ensure_future(http.post("/v1/completions", json=body)) for _ in range(2)]
             while async_engine.num_waiting < 2:                     # 2 waiting: the queue is full
                 await asyncio.sleep(0.01)
             third = await http.post("/v1/completions", json=body)
             gate.set()
-            return await first, await second, third
+            return await first, (await waiting[0], await waiting[1])[0], third
 
     first, second, third = asyncio.run(scenario())
     assert third.status_code == 503
@@ -373,7 +374,7 @@ def test_malformed_requests_get_openai_errors_and_the_server_carries_on(server, 
         for method, path, body, status, words in MALFORMED:
             if isinstance(body, dict):
                 body = json.dumps({"model": model, **body}).encode()
-            response = http.request(method, path, content=body)
+            response = http.request(method, path, content=body, headers={"Content-Type": "application/json"})
             assert response.status_code == status, (path, body, response.text)
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"} and words in error["message"], error

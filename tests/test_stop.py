@@ -50,3 +50,19 @@ def test_nothing_after_the_stop_is_released():
 def test_empty_stop_string_is_refused():
     with pytest.raises(ValueError, match="non-empty"):
         StopStringFilter([""])
+
+
+def test_stop_lists_are_bounded_in_count_and_length():
+    from minillm.generation.stop import MAX_STOP_LENGTH, MAX_STOP_STRINGS, check_stop_strings
+    check_stop_strings(["x" * MAX_STOP_LENGTH] * MAX_STOP_STRINGS)
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_STRINGS}"):
+        StopStringFilter([f"s{i}" for i in range(MAX_STOP_STRINGS + 1)])
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_LENGTH}"):
+        StopStringFilter(["x" * (MAX_STOP_LENGTH + 1)])
+
+
+def test_the_work_per_piece_does_not_grow_with_the_completion():
+    f = StopStringFilter(["b" * 256] * 16)
+    for _ in range(20_000):
+        f.push("a")
+        assert f.pending == ""  # nothing held back, so nothing old is searched again

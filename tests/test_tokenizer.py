@@ -372,3 +372,55 @@ def test_unknown_hf_pretokenizer_is_refused(qwen_oracle, tmp_path):
 def test_decode_refuses_ids_outside_the_vocabulary(qwen):
     with pytest.raises(ValueError, match=str(qwen.vocab_size)):
         qwen.decode([qwen.vocab_size])
+
+
+# -----------------------------------------------------------------------------------------------
+# Issue 21: what a client can make the tokenizer do
+
+@pytest.mark.slow
+def test_a_32k_character_word_is_merged_in_n_log_n_and_equals_the_oracle(smollm, smollm_oracle):
+    import random
+    import time
+    rng = random.Random(0)
+    word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(32_000))
+    start = time.perf_counter()
+    ids = smollm.encode(word)
+    seconds = time.perf_counter() - start
+    assert ids == smollm_oracle.encode(word).ids
+    assert seconds < 5  # about 0.1 s; the quadratic merge loop took over 20 s
+
+
+def test_encode_refuses_a_text_too_long_for_max_tokens_before_any_merge(qwen, monkeypatch):
+    from minillm.generation import tokenizer as tokenizer_module
+    monkeypatch.setattr(tokenizer_module, "bpe_merge", lambda *a: pytest.fail("BPE ran on a text known too long"))
+    with pytest.raises(tokenizer_module.TooManyTokens, match="characters long"):
+        qwen.encode("x" * (10 * qwen.max_token_chars + 1), max_tokens=10)
+
+
+def test_encode_stops_as_soon_as_the_count_passes_max_tokens(qwen, qwen_oracle):
+    from minillm.generation.tokenizer import TooManyTokens
+    text = CORPUS[0]
+    n = len(qwen_oracle.encode(text).ids)
+    assert qwen.encode(text, max_tokens=n) == qwen_oracle.encode(text).ids
+    with pytest.raises(TooManyTokens):
+        qwen.encode(text, max_tokens=n - 1)
+
+
+def test_special_tokens_can_be_plain_text(qwen):
+    special = next(iter(qwen.added_token_ids))
+    text = f"a{special}b"
+    assert qwen.added_token_ids[special] not in qwen.encode(text, special=False)
+    assert qwen.decode(qwen.encode(text, special=False)) == text
+
+
+def test_the_word_cache_is_bounded_by_bytes_and_skips_long_words(qwen, monkeypatch):
+    monkeypatch.setattr(qwen, "CACHE_BYTES", 20_000)
+    qwen._word_cache.clear()
+    qwen._word_cache_bytes = 0
+    long_word = "q" * (qwen.CACHE_LONGEST_WORD + 1)
+    qwen.encode(long_word)
+    assert long_word not in qwen._word_cache
+    for i in range(400):
+        qwen.encode("".join(chr(ord("a") + (i // 26**k) % 26) for k in range(3)) * 60)  # distinct 180-letter words
+        held = sum(len(w.encode()) + 8 * len(ids) + 100 for w, ids in qwen._word_cache.items())
+        assert held <= 20_000

@@ -39,6 +39,7 @@ SEATS = {
     "ch03_rmsnorm": Seat(note="CUDA kernels: no seat on the CPU path"),
     "ch04_q4_1_dequantize": Seat(path=BOTH, note=KERNEL + " (qlinear for prefill, Q4_1 weights)"),
     "ch04_quant_matvec": Seat(path=BOTH, note=KERNEL + " (qlinear for decode, Q4_1 weights)"),
+    "ch04_kv_int8": Seat(note="K/V stay fp32 in the engine; int8 K/V run only in chapter 04's quality measurement: no seat"),
     "ch05_rope_convention": Seat(note="the engine keeps GGUF's row order and rotates adjacent pairs: no seat"),
     "ch05_decoder_layer": Seat((("minillm.model.transformer", "decoder_layer"),), BOTH),
     "ch06_bpe_merge": Seat((("minillm.generation.tokenizer", "bpe_merge"),), BOTH, "encodes the prompt"),
@@ -58,6 +59,17 @@ SEATS = {
     "ch09_sse_event": Seat(note="the server's wire format: generation does not call it"),
     "ch09_metric": Seat(note="the load generator's metric: generation does not call it"),
     "ch09_stop_stream": Seat((("minillm.generation.output", "StopStringFilter"),), BOTH),
+    "ch10_ngram_drafter": Seat((("minillm.generation.speculative", "ngram_propose"),), ENGINE,
+                               "reached only when the engine speculates with method 'ngram'"),
+    "ch10_greedy_accept": Seat(note="the engine judges each verified row through the sampler, so penalties and "
+                                    "stop checks see every kept token: greedy_accept states the rule, no seat"),
+    "ch10_rejection_sampling": Seat(note="the engine's drafters are deterministic (q one-hot): it keeps or redraws "
+                                         "row by row with accept_or_resample, not this k-row rule: no seat"),
+    "ch10_kv_rollback": Seat((("minillm.runtime.block_manager", "release_tail"),), ENGINE,
+                             "reached only when speculation rolls back rejected draft tokens"),
+    "ch11_thompson": Seat(note="compiled once per constraint, before generation: no seat"),
+    "ch11_subset_construction": Seat(note="compiled once per constraint, before generation: no seat"),
+    "ch11_token_mask": Seat(note="built once per constraint and tokenizer: unconstrained generation never masks"),
 }
 
 

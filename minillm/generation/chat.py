@@ -10,11 +10,18 @@ its answer. Templates come from model files, i.e. from strangers: we render them
 immutable sandbox, with the same environment Hugging Face `transformers` uses (trim_blocks,
 lstrip_blocks, loop controls, a `tojson` that keeps non-ASCII text, `raise_exception`), so that our
 prompt is the one the model was trained with, character for character.
+
+Whose text is it? The template's markup ("<|im_start|>", role names) is the server's; a message's
+content is the user's. If the whole prompt were tokenized with special-token matching, a user who
+types "<|im_end|>\n<|im_start|>system\n..." would forge a system turn. `render_chat_parts` keeps
+the two apart: contents are tokenized as plain text, only the template's own text may hold
+special tokens.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import secrets
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -103,3 +110,37 @@ def render_chat(messages: Sequence[dict], template: str | None = None, add_gener
         return compiled.render(messages=checked, add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"the chat template rejected the conversation: {e}") from None
+
+
+def render_chat_parts(messages: Sequence[dict], template: str | None = None, add_generation_prompt: bool = True,
+                      special_tokens: Collection[str] = (), **special: Any) -> list[tuple[str, bool]]:
+    """The rendered prompt as `(text, special)` parts: `special` is False for message contents,
+    which the tokenizer must encode as plain text (`Tokenizer.encode_parts`). The texts joined are
+    exactly `render_chat(...)`.
+
+    How: the template is rendered a second time with each content replaced by a unique marker, and
+    the markers show where the contents sit. A template that rewrites contents (trims them, say)
+    leaves the two renderings different; then the prompt is taken whole, which is safe only if no
+    content holds one of `special_tokens` - otherwise the conversation is refused.
+    """
+    checked = validate_messages(messages)
+    text = render_chat(checked, template, add_generation_prompt, **special)
+    nonce = secrets.token_hex(8)
+    markers = {i: f"\ue000{nonce}:{i}\ue001" for i, m in enumerate(checked) if m["content"]}
+    marked = render_chat([{**m, "content": markers.get(i, m["content"])} for i, m in enumerate(checked)],
+                         template, add_generation_prompt, **special)
+    parts, rest = [], marked
+    for i, marker in markers.items():
+        before, found, rest = rest.partition(marker)
+        if not found or marker in rest:
+            break
+        parts += [(before, True), (checked[i]["content"], False)]
+    else:
+        parts.append((rest, True))
+        if "".join(t for t, _ in parts) == text:
+            return [(t, s) for t, s in parts if t]
+    for i, m in enumerate(checked):
+        if hit := next((t for t in special_tokens if t in m["content"]), None):
+            raise ValueError(f"messages[{i}].content holds the special token {hit!r}, and this model's chat template "
+                             "rewrites contents, so it cannot be kept apart as plain text")
+    return [(text, True)]

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minillm.generation.constrained import Guide, guided_pattern
+
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
 
 # -----------------------------------------------------------------------------------------------
@@ -62,6 +64,11 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    # Structured output (vLLM's names): at most one; the output is then a full match of it.
+    guided_regex: str | None = None
+    guided_json: dict | str | None = None        # a JSON Schema (chapter 11 lists the subset)
+    guided_choice: list[str] | None = None
+    guided_json_object: bool = False             # any JSON object (OpenAI's json_object mode)
 
     def __post_init__(self):
         _require(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
@@ -94,6 +101,15 @@ class SamplingParams:
                  f"<= max_tokens ({self.max_tokens})", self.min_tokens)
         _require(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0), "logprobs",
                  "an integer >= 0 or None", self.logprobs)
+        _require(isinstance(self.guided_json_object, bool), "guided_json_object", "True or False",
+                 self.guided_json_object)
+        try:  # compile the constraint to its regex now: a bad one fails here, naming its field
+            self.guided_pattern = guided_pattern(self.guided_regex, self.guided_json, self.guided_choice,
+                                                 self.guided_json_object)
+        except ValueError as e:
+            field_name = next((n for n in ("guided_regex", "guided_json", "guided_choice") if getattr(self, n)
+                               is not None), "guided_json_object")
+            raise ValueError(f"{field_name} is not supported: {e}") from None
 
     @property
     def greedy(self) -> bool:
@@ -112,6 +128,7 @@ class SamplingState:
     prompt_ids: Sequence[int] = ()
     output_ids: list[int] = field(default_factory=list)
     choice: int = 0
+    guide: Guide | None = None   # structured output: the allowed tokens of each step
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -253,6 +270,14 @@ def draw(logits: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     return (cdf <= target[:, None]).sum(axis=-1)                             # (B,) first c[j] > target
 
 
+def mask_tokens(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """A copy of one row of logits (V,) with every token outside `allowed` (K,) at -inf: the
+    structured-output mask. Building the row from the K allowed entries costs O(V) once."""
+    out = np.full(logits.shape, -np.inf)                                     # (V,)
+    out[allowed] = logits[allowed]
+    return out
+
+
 # -----------------------------------------------------------------------------------------------
 # The batched sampler
 
@@ -279,10 +304,44 @@ class Sampler:
             # The greedy fast path: argmax of the raw logits is the whole answer. It skips the
             # float64 copy of the (B, V) logits and the per-row pipeline: at B = 1 on SmolLM2
             # (V = 49152) the general path takes ~30 us, this one ~5 us.
-            return SampleResult(np.argmax(raw, axis=-1), [None] * len(states))  # (B,) ties: lowest id
+            chosen = np.argmax(raw, axis=-1)                                    # (B,) ties: lowest id
+            for row, state in enumerate(states):
+                if state.guide is not None:  # the argmax among the allowed (sorted: ties to the lowest id)
+                    allowed = state.guide.allowed()                             # (K,)
+                    chosen[row] = allowed[np.argmax(raw[row, allowed])]
+            return SampleResult(chosen, [None] * len(states))
+        params = [s.params for s in states]
+        x = self._adjusted(raw, states)                                         # (B, V)
+
+        # Every row's argmax (first max: lowest id) is the greedy rows' answer; the others are
+        # drawn below. Cheaper than first copying the greedy rows out of a (B, V) array.
+        chosen = np.argmax(x, axis=-1)                                          # (B,)
+        rows = np.flatnonzero([not p.greedy for p in params])
+        if rows.size:
+            chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
+        return SampleResult(chosen, self.logprobs(raw, chosen, params))
+
+    def probabilities(self, logits: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
+        """The distribution ``sample`` draws each row's token from -> (B, V) float64.
+
+        Speculative sampling needs the target's distribution itself, not one draw from it. A
+        greedy row is a point mass on the token ``sample`` picks.
+        """
+        x = self._adjusted(np.asarray(logits), states)                          # (B, V)
+        probs = np.zeros_like(x)                                                # (B, V)
+        greedy = np.array([s.params.greedy for s in states])                    # (B,)
+        probs[greedy, np.argmax(x[greedy], axis=-1)] = 1.0
+        if (~greedy).any():
+            probs[~greedy] = softmax(self._filtered(x[~greedy], [s for s in states if not s.params.greedy]))
+        return probs
+
+    def _adjusted(self, raw: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
+        """The logits after min_tokens, the structured-output mask and the penalties -> (B, V) float64."""
         params = [s.params for s in states]
         x = self._mask_stop_tokens(raw.astype(np.float64), states)              # (B, V)
-
+        for row, state in enumerate(states):
+            if state.guide is not None:
+                x[row] = mask_tokens(x[row], state.guide.allowed())
         penalised = [i for i, p in enumerate(params)
                      if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1]
         if penalised:
@@ -291,14 +350,7 @@ class Sampler:
                 np.array([params[i].presence_penalty for i in penalised]),
                 np.array([params[i].frequency_penalty for i in penalised]),
                 np.array([params[i].repetition_penalty for i in penalised]))
-
-        # Every row's argmax (first max: lowest id) is the greedy rows' answer; the others are
-        # drawn below. Cheaper than first copying the greedy rows out of a (B, V) array.
-        chosen = np.argmax(x, axis=-1)                                          # (B,)
-        rows = np.flatnonzero([not p.greedy for p in params])
-        if rows.size:
-            chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
-        return SampleResult(chosen, self._logprobs(raw, chosen, params))
+        return x
 
     def _mask_stop_tokens(self, x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
         """min_tokens: the request may not end before it has produced min_tokens tokens."""
@@ -313,6 +365,13 @@ class Sampler:
 
     @staticmethod
     def _sample_random(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
+        x = Sampler._filtered(x, states)                                       # (R, V)
+        uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
+        return draw(x, uniforms)
+
+    @staticmethod
+    def _filtered(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
+        """Temperature, then min_p, top_k and top_p, on rows that sample at random -> (R, V)."""
         params = [s.params for s in states]
         x = x / np.array([p.temperature for p in params])[:, None]             # (R, V)
         # Each filter runs only on the rows that use it: top-k and top-p sort, and sorts cost.
@@ -325,11 +384,15 @@ class Sampler:
         top_p = np.array([p.top_p for p in params])                            # (R,)
         if (use := top_p < 1).any():
             x[use] = top_p_filter(x[use], top_p[use])
-        uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
-        return draw(x, uniforms)
+        return x
 
     @staticmethod
-    def _logprobs(raw: np.ndarray, chosen: np.ndarray, params: Sequence[SamplingParams]) -> list:
+    def logprobs(raw: np.ndarray, chosen: np.ndarray, params: Sequence[SamplingParams]) -> list:
+        """Each row's chosen token and top candidates under the raw logits (B, V), for rows that asked.
+
+        Public because a token may be chosen elsewhere (a speculative verify's accept rule) and
+        still owes the caller the logprobs plain sampling would have reported.
+        """
         out: list[TokenLogprobs | None] = [None] * len(params)
         for row, p in enumerate(params):
             if p.logprobs is None:

@@ -21,8 +21,8 @@ A tokenizer is built from GGUF metadata (`tokenizer.ggml.*`) or from a Hugging F
 """
 from __future__ import annotations
 
+import heapq
 import json
-import math
 import os
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -116,28 +116,45 @@ def token_text_to_bytes(token: str) -> bytes:
 def bpe_merge(symbols: list[str], merge_ranks: dict[tuple[str, str], int]) -> list[str]:
     """Apply ranked merges to one word: fuse the lowest-ranked adjacent pair until none is left.
 
-    Each round finds the pair with the lowest rank among all adjacent pairs and fuses every
-    occurrence of it, left to right (in "aaa" with merge ("a", "a") that gives ["aa", "a"]).
+    Ties go to the leftmost pair, so every occurrence of the best pair fuses left to right (in
+    "aaa" with merge ("a", "a") that gives ["aa", "a"]). Rescanning every pair after each merge
+    would cost O(n^2) on an n-symbol word - 20 s for a 32k-character "word" a client can send -
+    so, as the `tokenizers` library does, the candidate pairs wait in a heap ordered by
+    (rank, position) and the symbols form a linked list: each merge pops one pair, fuses it, and
+    pushes the two new pairs it made with its neighbours. O(n log n) in all. A popped pair whose
+    symbols have changed since it was pushed is stale and skipped.
     """
-    symbols = list(symbols)
-    while len(symbols) > 1:
-        best = min(zip(symbols, symbols[1:]), key=lambda pair: merge_ranks.get(pair, math.inf))
-        if best not in merge_ranks:
-            break
-        merged, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                merged.append(symbols[i] + symbols[i + 1])
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
-    return symbols
+    word = list(symbols)                                 # word[i]: the symbol starting at i, None once fused away
+    n = len(word)
+    nxt = [*range(1, n), -1]                             # linked list over the live positions
+    prv = [*range(-1, n - 1)]
+    heap = [(rank, i) for i in range(n - 1) if (rank := merge_ranks.get((word[i], word[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = nxt[i] if word[i] is not None else -1
+        if j < 0 or merge_ranks.get((word[i], word[j])) != rank:   # stale: one of its symbols changed
+            continue
+        word[i], word[j] = word[i] + word[j], None        # fuse j into i and unlink j
+        nxt[i] = nxt[j]
+        if nxt[i] >= 0:
+            prv[nxt[i]] = i
+        for left, right in ((prv[i], i), (i, nxt[i])):
+            if left >= 0 and right >= 0 and (r := merge_ranks.get((word[left], word[right]))) is not None:
+                heapq.heappush(heap, (r, left))
+    return [s for s in word if s is not None]
 
 
 # -----------------------------------------------------------------------------------------------
 # The tokenizer
+
+class TooManyTokens(ValueError):
+    """`encode(..., max_tokens=N)` stopped: the text needs more than N tokens."""
+
+    def __init__(self, message: str, limit: int):
+        super().__init__(message)
+        self.limit = limit
+
 
 class Tokenizer:
     """Byte-level BPE tokenizer: `encode(text) -> ids`, `decode(ids) -> text`.
@@ -148,7 +165,10 @@ class Tokenizer:
     for a symbol the vocabulary lacks (None: drop it); `unk_id` is only the model's declared one.
     """
 
-    CACHE_WORDS = 1 << 16  # words whose ids we remember; most text reuses a few thousand
+    # The word cache is bounded by what it holds, not by how many words: a client can send words
+    # of any length, and remembering long ones (which rarely come back) would grow the process.
+    CACHE_BYTES = 16 << 20     # about: each word's UTF-8 bytes + 8 per id + 100 for the entry
+    CACHE_LONGEST_WORD = 256   # bytes; longer words are encoded each time, never cached
 
     def __init__(self, tokens: Sequence[str], merges: Iterable[tuple[str, str]], pretokenizer: Sequence[str],
                  added_ids: Iterable[int] = (), special_ids: Iterable[int] = (), *,
@@ -182,30 +202,74 @@ class Tokenizer:
         self.ignore_merges = ignore_merges
         self.unk_symbol_id = unk_symbol_id
         self.id_to_bytes = [token_text_to_bytes(t) for t in self.id_to_token]
+        # No token stands for more characters than this: a text longer than limit x this cannot fit
+        # in `limit` tokens, whatever BPE would do with it (see `encode`'s max_tokens).
+        self.max_token_chars = max([len(t) for t in self.added_token_ids] + [len(b) for b in self.id_to_bytes])
         self._word_cache: dict[str, list[int]] = {}
+        self._word_cache_bytes = 0
 
     # --- encode ---------------------------------------------------------------------------------
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`; special tokens written in the text become their ids.
+    def encode(self, text: str, add_bos: bool | None = None, *, special: bool = True,
+               max_tokens: int | None = None) -> list[int]:
+        """Token ids of `text`; special tokens written in the text become their ids unless `special`
+        is False (then "<|im_start|>" is plain text, as any other characters).
 
         `add_bos` defaults to the model's own setting (`add_bos_token`). Encode a prompt rendered
         from a chat template with `add_bos=False`: the template writes any BOS itself.
+        `max_tokens`: raise `TooManyTokens` as soon as the ids would exceed it - before any work
+        when the text is too long for that many tokens of the longest kind, otherwise as soon as
+        the count passes it (text beyond that point is never tokenized).
         """
-        if not isinstance(text, str):
-            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        return self.encode_parts([(text, special)], add_bos, max_tokens=max_tokens)
+
+    def encode_parts(self, parts: Iterable[tuple[str, bool]], add_bos: bool | None = None, *,
+                     max_tokens: int | None = None) -> list[int]:
+        """Token ids of the concatenated texts of `parts`, each `(text, special)`: special tokens
+        are recognised only in the parts whose flag is True. Neighbouring plain text is tokenized as
+        one text, so the ids equal `encode` of the whole wherever the plain parts hold no special
+        token (chat prompts: the template's markup is special, the messages' contents plain)."""
+        parts = list(parts)
+        for text, _ in parts:
+            if not isinstance(text, str):
+                raise TypeError(f"encode() takes a str, got {type(text).__name__}")
         ids = [self.bos_id] if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None else []
-        # An added token's text is always a match, never a gap: the pattern would have found it.
-        segments = split_isolated(self.added_pattern, text) if self.added_pattern else [text]
-        for segment in segments:
-            if segment in self.added_token_ids:
-                ids.append(self.added_token_ids[segment])
+        if max_tokens is not None and (size := sum(len(text) for text, _ in parts)) > max_tokens * self.max_token_chars:
+            raise TooManyTokens(f"the text is {size} characters long; no {max_tokens} tokens hold more than "
+                                f"{max_tokens * self.max_token_chars} (this vocabulary's longest token is "
+                                f"{self.max_token_chars} characters)", max_tokens)
+        for segment in self._segments(parts):
+            if isinstance(segment, int):  # a special token
+                ids.append(segment)
                 continue
             if self.normalize_nfc:
                 segment = unicodedata.normalize("NFC", segment)
             for word in self.pretokenize(segment):
                 ids.extend(self._encode_word(word))
+                if max_tokens is not None and len(ids) > max_tokens:
+                    raise TooManyTokens(f"the text holds more than {max_tokens} tokens", max_tokens)
+        if max_tokens is not None and len(ids) > max_tokens:  # the last segment was a special token
+            raise TooManyTokens(f"the text holds more than {max_tokens} tokens", max_tokens)
         return ids
+
+    def _segments(self, parts: list[tuple[str, bool]]) -> list[str | int]:
+        """Plain text runs and special token ids, in order; adjacent plain text is joined."""
+        segments: list[str | int] = []
+        plain: list[str] = []
+        for text, special in parts:
+            # An added token's text is always a match, never a gap: the pattern would have found it.
+            pieces = split_isolated(self.added_pattern, text) if special and self.added_pattern else [text]
+            for piece in pieces:
+                if special and piece in self.added_token_ids:
+                    if plain:
+                        segments.append("".join(plain))
+                        plain = []
+                    segments.append(self.added_token_ids[piece])
+                elif piece:
+                    plain.append(piece)
+        if plain:
+            segments.append("".join(plain))
+        return segments
 
     def pretokenize(self, text: str) -> list[str]:
         """Split text into the words BPE merges within (each pattern splits every piece in turn)."""
@@ -217,7 +281,7 @@ class Tokenizer:
     def _encode_word(self, word: str) -> list[int]:
         ids = self._word_cache.get(word)
         if ids is None:
-            symbols = "".join(BYTE_TO_SYMBOL[b] for b in word.encode("utf-8"))
+            symbols = "".join(BYTE_TO_SYMBOL[b] for b in word.encode("utf-8"))  # one symbol per byte
             if self.ignore_merges and symbols in self.token_to_id:  # whole word in vocab: take it as is
                 ids = [self.token_to_id[symbols]]
             else:
@@ -226,10 +290,20 @@ class Tokenizer:
                 merged = bpe_merge(list(symbols), self.merge_ranks)
                 ids = [self.token_to_id.get(s, self.unk_symbol_id) for s in merged]
                 ids = [i for i in ids if i is not None]
-            if len(self._word_cache) >= self.CACHE_WORDS:
-                self._word_cache.clear()
-            self._word_cache[word] = ids
+            self._remember(word, ids)
         return ids
+
+    def _remember(self, word: str, ids: list[int]) -> None:
+        """Cache a short word's ids; when the cache reaches CACHE_BYTES it starts over."""
+        size = len(word.encode("utf-8"))
+        if size > self.CACHE_LONGEST_WORD:
+            return
+        cost = size + 8 * len(ids) + 100
+        if self._word_cache_bytes + cost > self.CACHE_BYTES:
+            self._word_cache.clear()
+            self._word_cache_bytes = 0
+        self._word_cache[word] = ids
+        self._word_cache_bytes += cost
 
     # --- decode ---------------------------------------------------------------------------------
 

@@ -1,1 +1,1 @@
-"""Layer 1: the machine - description, microbenchmarks, the roofline."""
+"""Layer 1: the machine - description, microbenchmarks, the roofline, data-sheet devices, capacity."""

@@ -5,6 +5,9 @@
 - ``launch_overhead()``: what one kernel launch costs, and a launch plus a wait for it to finish.
   Decode launches hundreds of small kernels per token: this overhead is a floor under every step.
 - ``device_bandwidth()``: a copy kernel between two large device arrays, timed with CUDA events.
+- ``event_seconds(run)``: the time of each of several calls, by CUDA events on the device (the one
+  place events are recorded; chapter 03's kernel timings and the bandwidth copy both use it).
+- ``fp32_peak_flops()``: SMs x FP32 lanes per SM x 2 x clock, from the architecture's lane count.
 
 Without a usable GPU every function returns None and ``gpu_status()`` says why: no driver, no
 device, or the CUDA simulator (NUMBA_ENABLE_CUDASIM=1), which runs kernels on the CPU in Python and
@@ -121,20 +124,45 @@ def device_bandwidth(n_bytes: int = 1 << 30, repeats: int = 5) -> DeviceBandwidt
     dst = cuda.device_array(n, np.float32)         # (n,)
     threads = 256
     blocks = min(math.ceil(n / threads), 32 * cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    copy[blocks, threads](src, dst)
-    start, end = cuda.event(), cuda.event()
-    best_ms = math.inf
-    for _ in range(repeats):
-        start.record()
-        copy[blocks, threads](src, dst)
-        end.record()
-        end.synchronize()
-        best_ms = min(best_ms, start.elapsed_time(end))
+    best_s = min(event_seconds(lambda: copy[blocks, threads](src, dst), repeats))
     moved = 8 * n
-    bandwidth = moved / (best_ms / 1e3) / 1e9
+    bandwidth = moved / best_s / 1e9
     info = describe_gpu()
     theoretical = info.theoretical_bandwidth_gbs if info else None
     return DeviceBandwidth(moved, bandwidth, bandwidth / theoretical if theoretical else None)
+
+
+def event_seconds(run, repeats: int = 20) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``run``, timed by CUDA events, after one warm-up call
+    (it compiles). One call at a time, as decode issues them: each time includes the launch latency."""
+    run()
+    cuda.synchronize()
+    start, end = cuda.event(), cuda.event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)  # elapsed_time is in milliseconds
+    return times
+
+
+# FP32 lanes (CUDA cores) per SM by compute capability, from NVIDIA's CUDA C++ Programming Guide
+FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
+                     (9, 0): 128, (10, 0): 128, (12, 0): 128}
+
+
+def fp32_peak_flops() -> float | None:
+    """SMs x FP32 lanes per SM x 2 (a fused multiply-add) x clock; None without a GPU or for an
+    architecture not in FP32_LANES_PER_SM."""
+    if not gpu_available():
+        return None
+    device = cuda.get_current_device()
+    lanes = FP32_LANES_PER_SM.get(tuple(device.compute_capability))
+    if lanes is None:
+        return None
+    return device.MULTIPROCESSOR_COUNT * lanes * 2 * device.CLOCK_RATE * 1e3
 
 
 @functools.cache

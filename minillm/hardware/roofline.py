@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.hardware.devices import DeviceSpec
+
 
 # ----------------------------------------------------------------------------------------------
 # Pure functions: the arithmetic of the roofline and of decoding
@@ -105,25 +107,55 @@ def four_numbers(n_params: float, bytes_per_weight: float, peak_flops: float,
     )
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step of ``batch`` sequences, bounded by the roofline: max(bytes / W, FLOP / P)."""
+
+    batch: int
+    bytes_moved: float    # weights once + each sequence's own state (its KV cache)
+    flops: float          # 2 N per sequence + each sequence's attention over its context
+    seconds: float        # the bound: the slower of moving the bytes and doing the FLOP
+    bound: str            # "memory" | "compute"
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes_moved
+
+    @property
+    def achieved_flops(self) -> float:
+        """FLOP/s at the bound: where the step sits under its roof."""
+        return self.flops / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Throughput of the whole batch: one token per sequence per step."""
+        return self.batch / self.seconds
+
+
+def decode_step(weight_bytes: float, flops_per_token: float, peak_flops: float, bandwidth_bytes_per_s: float,
+                batch: int = 1, state_bytes_per_seq: float = 0.0, state_flops_per_seq: float = 0.0) -> DecodeStep:
+    """The roofline bound on one decode step that advances ``batch`` sequences by a token each.
+
+    The weights are read once and shared by the batch; every sequence reads its own state (its KV
+    cache: ``state_bytes_per_seq``) and does its own attention over it (``state_flops_per_seq``).
+    With no state this is the four numbers' step, max(N B / W, 2 N b / P).
+    """
+    _check_positive(weight_bytes=weight_bytes, flops_per_token=flops_per_token, peak_flops=peak_flops,
+                    bandwidth_bytes_per_s=bandwidth_bytes_per_s, batch=batch)
+    if state_bytes_per_seq < 0 or state_flops_per_seq < 0:
+        raise ValueError(f"state_bytes_per_seq and state_flops_per_seq must be >= 0, got "
+                         f"{state_bytes_per_seq} and {state_flops_per_seq}")
+    bytes_moved = weight_bytes + batch * state_bytes_per_seq
+    flops = batch * (flops_per_token + state_flops_per_seq)
+    memory_s, compute_s = bytes_moved / bandwidth_bytes_per_s, flops / peak_flops
+    return DecodeStep(batch, bytes_moved, flops, max(memory_s, compute_s),
+                      "memory" if memory_s >= compute_s else "compute")
+
+
 def _check_positive(**values):
     for name, value in values.items():
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Devices from their data sheets
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    name: str
-    peak_flops: float               # dense, the precision named in `name`
-    bandwidth_bytes_per_s: float    # main memory (HBM, DRAM)
-    memory_bytes: float
-
-
-H100_SXM = DeviceSpec("NVIDIA H100 SXM (dense BF16, HBM3)", peak_flops=989e12,
-                      bandwidth_bytes_per_s=3.35e12, memory_bytes=80e9)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,6 +187,11 @@ class Roofline:
     def measured(cls, peak_gflops: float, bandwidth_gbs: dict[str, float], name: str = "this machine") -> Roofline:
         """From microbenchmark figures in GFLOP/s and GB/s (per level), as `minillm hw` prints them."""
         return cls(peak_gflops * 1e9, {level: gbs * 1e9 for level, gbs in bandwidth_gbs.items()}, name)
+
+    @classmethod
+    def of_device(cls, device: DeviceSpec, precision: str = "bf16") -> Roofline:
+        """A data-sheet roofline: one precision's dense peak over the HBM bandwidth."""
+        return cls(device.peak(precision), {"HBM": device.bandwidth_bytes_per_s}, f"{device.name}, {precision}")
 
     @property
     def main_memory(self) -> str:
@@ -199,3 +236,31 @@ class Roofline:
         if level not in self.bandwidths:
             raise ValueError(f"unknown memory level {level!r}; this roofline has {list(self.bandwidths)}")
         return self.bandwidths[level]
+
+
+def plot_rooflines(rooflines: dict[str, tuple[Roofline, list[RooflinePoint]]], ax=None,
+                   intensity_range: tuple[float, float] = (1 / 8, 4096)):
+    """Several machines on one log-log plot: each one's main-memory roof, its ridge and its points.
+
+    ``rooflines`` maps a legend label to (roofline, points on it); each machine gets one colour, so
+    a point reads against its own roof. Only the main memory is drawn: it is where weights live.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 5))
+    intensity = np.geomspace(*intensity_range, 256)                                 # (256,)
+    for color, (label, (roof, points)) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], rooflines.items()):
+        ridge = roof.ridge_point()
+        ax.loglog(intensity, roof.attainable(intensity), color=color, lw=2,
+                  label=f"{label}: ridge {ridge:,.1f} FLOP/byte")
+        ax.plot(ridge, roof.peak_flops, "|", color=color, ms=14, mew=2)
+        ax.plot([p.intensity for p in points], [p.flops for p in points], "o", color=color, ms=5)
+        for point in points:
+            ax.annotate(point.label, (point.intensity, point.flops), textcoords="offset points",
+                        xytext=(4, -11), fontsize=7, color=color)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    return ax

@@ -1,5 +1,8 @@
 """The Numba CPU backend: every operator of reference.py, with the same names and signatures.
 
+This module is the backend (registry.py maps "numba" to it); the quantized operators come from
+quant.py and the paged ones from paged_attention.py.
+
 The kernels live in three files, one idea each: cpu_matmul.py (the matmul ladder and the decode
 matvec), cpu_rows.py (rms_norm, rope, swiglu, softmax: one read and one write per element),
 cpu_attention.py (decode and tiled prefill attention with the online softmax). This file checks
@@ -50,6 +53,8 @@ from minillm.kernels.cpu_rows import (
     swiglu_serial,
 )
 from minillm.kernels.reference import embedding, rope_table  # noqa: F401  (NumPy is already at memory speed)
+from minillm.kernels.paged_attention import paged_attention_decode, paged_attention_prefill  # noqa: F401
+from minillm.kernels.quant import qembedding, qlinear  # noqa: F401  (quantized weights: quant.py)
 
 def _parallel(rows: int, size: int) -> bool:
     """Threads pay off for inputs of many rows and many floats (the row kernels give each core whole rows)."""
@@ -110,7 +115,11 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up, gate and up (T, F) -> (T, F), fused: one read of each, one write."""
     shapes.check_swiglu(gate, up)
     shapes.check_float32(gate=gate, up=up)
-    gate_rows, up_rows = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])  # (T, F) each
+    # gate and up usually arrive as the two column halves of one (T, 2F) projection. A strided row
+    # does not vectorise: at 512 x 1536 the kernel took 7.8 ms on the halves and 0.14 ms on
+    # contiguous copies (2-core Zen 4), and the two copies cost ~0.5 ms. Decode rows are contiguous.
+    gate_rows = np.ascontiguousarray(gate.reshape(-1, gate.shape[-1]))  # (T, F)
+    up_rows = np.ascontiguousarray(up.reshape(-1, up.shape[-1]))        # (T, F)
     kernel = swiglu_parallel if _parallel(gate_rows.shape[0], gate.size) else swiglu_serial
     return kernel(gate_rows, up_rows).reshape(gate.shape)  # (T, F)
 

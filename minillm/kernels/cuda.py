@@ -14,7 +14,7 @@ The kernels, one idea per file:
     cuda_attention.py  causal GQA attention with the online softmax, one block per (query, head)
     cuda_paged_attention.py  the same over a paged KV cache: keys found through the block table
     cuda_quant.py      Q8_0 / Q4_0 / Q4_1: fused quantized matvec, dequantize, quantized embedding
-    cuda_timing.py     on a real GPU: timing with CUDA events, FLOPs and bytes at SmolLM2's shapes
+    cuda_timing.py     each kernel at a model config's shapes, with its FLOPs and minimum bytes
 
 Importing this module needs neither a GPU nor the simulator; calling an operator without either
 raises a RuntimeError saying so (see `cuda_available()`).

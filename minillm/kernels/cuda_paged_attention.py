@@ -52,7 +52,7 @@ from minillm.kernels.cuda_attention import (
     merge_warps,
 )
 from minillm.kernels.cuda_setup import WARP, blocks_for, empty_gpu, to_gpu
-from minillm.kernels.paged_attention import decode_rows, prefill_rows
+from minillm.kernels.shapes import paged_decode_rows, paged_prefill_rows
 
 
 @cuda.jit
@@ -104,13 +104,13 @@ def _run(q, k_cache, v_cache, block_tables, query_seq, query_keys, scale):
 
 def paged_attention_decode(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                            context_lens: np.ndarray, scale: float | None = None) -> np.ndarray:
-    """CUDA version of paged_attention_decode_reference: q (B, H, Dh) -> (B, H, Dh)."""
-    return _run(q, k_cache, v_cache, *decode_rows(q, k_cache, v_cache, block_tables, context_lens), scale)
+    """CUDA version of reference.paged_attention_decode: q (B, H, Dh) -> (B, H, Dh)."""
+    return _run(q, k_cache, v_cache, *paged_decode_rows(q, k_cache, v_cache, block_tables, context_lens), scale)
 
 
 def paged_attention_prefill(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                             query_starts: np.ndarray, context_lens: np.ndarray,
                             scale: float | None = None) -> np.ndarray:
-    """CUDA version of paged_attention_prefill_reference: q (N, H, Dh) -> (N, H, Dh)."""
-    rows = prefill_rows(q, k_cache, v_cache, block_tables, query_starts, context_lens)
+    """CUDA version of reference.paged_attention_prefill: q (N, H, Dh) -> (N, H, Dh)."""
+    rows = paged_prefill_rows(q, k_cache, v_cache, block_tables, query_starts, context_lens)
     return _run(q, k_cache, v_cache, *rows, scale)

@@ -2,7 +2,8 @@
 
 The formats (Q8_0, Q4_0, Q4_1), the quantizers and the NumPy reference live in quant_formats.py
 (re-exported here: ``quant.QMatrix``, ``quant.dequantize_reference``, ...). The tiers:
-- `dequantize_reference` and `qlinear_reference`: NumPy, written to be read - the specification.
+- `dequantize_reference` (here) and `reference.qlinear` / `reference.qembedding`: NumPy, written
+  to be read - the specification.
 - `dequantize`, `qmatvec`, `qmatmul`, `qembedding`: Numba kernels on the GGUF bytes. Decode is
   memory-bound, so the matvec reads each packed byte exactly once and never writes fp32 weights
   anywhere; a batch is compute-bound, so `qmatmul` decodes a tile of weights into cache once and
@@ -24,7 +25,7 @@ from minillm.kernels import quant_fp32, quant_int8
 from minillm.kernels.cpu_matmul import matmul_nt_into
 from minillm.kernels.quant_formats import (  # noqa: F401 - the public names, and two chapter 04 shows
     BLOCK_BYTES, BLOCK_SIZE, QTYPES, QMatrix, _quantize_q4_1, _unpack_nibbles, dequantize_q4_0,
-    dequantize_q4_1, dequantize_q8_0, dequantize_reference, qlinear_reference, quantize,
+    dequantize_q4_1, dequantize_q8_0, dequantize_reference, quantize,
 )
 from minillm.kernels.quant_llvm import hot_loop_asm
 from minillm.kernels.quant_repack import RepackedMatrix, repack

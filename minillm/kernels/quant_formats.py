@@ -176,8 +176,3 @@ def dequantize_reference(qm: QMatrix) -> np.ndarray:
     """QMatrix -> (rows, cols) float32, in NumPy."""
     rows, cols = qm.shape
     return _DEQUANTIZE_REFERENCE[qm.qtype](qm.data, rows, cols)
-
-
-def qlinear_reference(x: np.ndarray, qm: QMatrix) -> np.ndarray:
-    """x (T, cols) -> (T, rows) = x @ W.T with W dequantized first."""
-    return np.asarray(x, dtype=np.float32) @ dequantize_reference(qm).T

@@ -13,7 +13,7 @@ unsigned weight codes by 32 signed activation codes and adds neighbours into 16 
 signed: the kernel multiplies |w| by x with w's sign (the "sign trick"). Targets without these
 instructions (Arm, SSE) get the same arithmetic as generic vector IR - widen, multiply, add.
 The only rounding is the activations' (and fp32 sums, as in exact mode): the quality cost is
-measured against exact mode, not assumed (loader.logits_by_activations gives both modes' logits).
+measured against exact mode, not assumed (model/quality.py; chapter 04 prints it).
 
 Measured (same setup as quant_fp32.py: one thread, best of 25, Q4_1 1536 x 576 in cache):
 AVX-512 VNNI 32 us (17 GB/s of packed bytes; 43 us before both rows of a pair shared one load,

@@ -2,7 +2,8 @@
 
 Written to be read, not to be fast. Each function is the definition the fast kernels (Numba CPU
 in cpu.py, Numba CUDA in cuda.py) are tested against, and the "reference" backend of the
-registry runs a whole model on them. Arrays are float32; weights are stored (out, in) as in
+registry runs a whole model on them: this module holds every operator of registry.OPS, the
+quantized and paged ones included, under the names the other backends use. Arrays are float32; weights are stored (out, in) as in
 Hugging Face and GGUF files. Shapes use T tokens, D hidden size, F feed-forward size, H query
 heads, Hkv key/value heads, Dh head size, S cached keys.
 """
@@ -11,6 +12,7 @@ import math
 import numpy as np
 
 from minillm.kernels import shapes
+from minillm.kernels.quant_formats import QMatrix, dequantize_reference
 
 # -----------------------------------------------------------------------------
 # linear algebra
@@ -153,3 +155,71 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, s
     scores = np.einsum("hd,shd->hs", q, k) * scale  # (H, S)
     weights = softmax(scores)                       # (H, S)
     return np.einsum("hs,shd->hd", weights, v).astype(np.float32)  # (H, Dh)
+
+
+# -----------------------------------------------------------------------------
+# paged attention: gather a sequence's blocks, then attend as if the cache were contiguous
+
+
+def gather_kv(k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first seq_len keys and values of one sequence, in token order -> k, v (seq_len, Hkv, Dh)."""
+    num_blocks, block_size, n_kv_heads, head_dim = k_cache.shape
+    blocks = block_table[: -(-seq_len // block_size)]                                  # (n_blocks,)
+    k = k_cache[blocks].reshape(-1, n_kv_heads, head_dim)[:seq_len]  # (seq_len, Hkv, Dh) blocks laid end to end
+    v = v_cache[blocks].reshape(-1, n_kv_heads, head_dim)[:seq_len]  # (seq_len, Hkv, Dh)
+    return k, v
+
+
+def paged_attention_decode(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                                     block_tables: np.ndarray, context_lens: np.ndarray,
+                                     scale: float | None = None) -> np.ndarray:
+    """One query per sequence, q (B, H, Dh), over the first context_lens[b] keys of its blocks -> (B, H, Dh)."""
+    context_lens = np.asarray(context_lens, dtype=np.int64)  # (B,) keys each query sees, its own included
+    block_tables = np.asarray(block_tables)                  # (B, max_blocks)
+    shapes.check_paged_attention(q, k_cache, v_cache, block_tables, context_lens)
+    if len(q) != len(context_lens):
+        raise ValueError(f"paged decode: {len(q)} queries for {len(context_lens)} sequences")
+    out = np.empty_like(q)  # (B, H, Dh)
+    for b, n in enumerate(context_lens):
+        k, v = gather_kv(k_cache, v_cache, block_tables[b], n)        # (n, Hkv, Dh) each
+        out[b] = attention_decode(q[b], k, v, n, scale)     # (H, Dh)
+    return out
+
+
+def paged_attention_prefill(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                                      block_tables: np.ndarray, query_starts: np.ndarray,
+                                      context_lens: np.ndarray, scale: float | None = None) -> np.ndarray:
+    """New queries q (N, H, Dh) of B sequences, each chunk on top of context_lens[b] cached keys -> (N, H, Dh).
+
+    Sequence b owns rows query_starts[b]:query_starts[b+1]; its query t sits at position
+    context_lens[b] + t and sees keys 0 .. context_lens[b] + t. The chunk's own K/V must already
+    be written (write_kv) - the cache holds context_lens[b] + chunk length keys.
+    """
+    query_starts = np.asarray(query_starts, dtype=np.int64)  # (B+1,)
+    context_lens = np.asarray(context_lens, dtype=np.int64)  # (B,) keys cached before the chunk
+    block_tables = np.asarray(block_tables)                  # (B, max_blocks)
+    shapes.check_query_starts(q, query_starts, context_lens)
+    seq_lens = context_lens + np.diff(query_starts)          # (B,) keys after the chunk
+    shapes.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
+    out = np.empty_like(q)  # (N, H, Dh)
+    for b, n in enumerate(seq_lens):
+        rows = slice(query_starts[b], query_starts[b + 1])
+        k, v = gather_kv(k_cache, v_cache, block_tables[b], n)                     # (n, Hkv, Dh) each
+        out[rows] = attention(q[rows], k, v, context_lens[b], scale)      # (T, H, Dh)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# quantized weights: dequantize by the format's definition (quant_formats.py), then as above
+
+
+def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
+    """x (T, cols) -> (T, rows) = x @ W.T with W = the packed blocks of qm, dequantized first."""
+    return np.asarray(x, dtype=np.float32) @ dequantize_reference(qm).T  # (T, rows)
+
+
+def qembedding(ids: np.ndarray, qm: QMatrix) -> np.ndarray:
+    """The rows of a quantized table named by ids (T,) -> (T, cols); only those rows are dequantized."""
+    shapes.check_embedding(ids, qm)
+    rows = QMatrix(qm.qtype, (ids.shape[0], qm.shape[1]), qm.data[ids])  # (T, packed bytes) their blocks
+    return dequantize_reference(rows)  # (T, cols)

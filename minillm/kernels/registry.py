@@ -20,8 +20,8 @@ from types import ModuleType
 
 import numpy as np
 
-from minillm.kernels import shapes
-from minillm.kernels.quant import QMatrix, dequantize_reference
+from minillm.kernels import cpu, reference
+from minillm.kernels.quant import QMatrix
 
 OPS = (
     "matmul", "linear", "embedding", "rms_norm", "rope_table", "rope", "silu", "swiglu", "softmax",
@@ -32,6 +32,17 @@ BACKENDS = ("reference", "numba", "cuda", "exercises")
 EXERCISES = Path(__file__).resolve().parents[2] / "exercises"  # the checkout's, beside minillm/
 
 
+def _missing(module: ModuleType) -> list[str]:
+    return [op for op in OPS if not callable(getattr(module, op, None))]
+
+
+# Checked at import: a backend module that lost an operator fails here, naming it, not mid-forward.
+# (The CUDA module is checked when it is built: importing it needs a GPU or the simulator.)
+for _module in (reference, cpu):
+    if _missing(_module):
+        raise ImportError(f"kernel backend module {_module.__name__} lacks {', '.join(_missing(_module))}")
+
+
 class BackendUnavailable(RuntimeError):
     """This machine cannot run the backend asked for; the message says why."""
 
@@ -40,7 +51,7 @@ class Backend:
     """The operators of one backend, as attributes: ``ops.rms_norm(x, w, eps)``."""
 
     def __init__(self, name: str, ops: dict):
-        missing = [op for op in OPS if not callable(ops.get(op))]
+        missing = [op for op in OPS if not callable(ops.get(op))]  # the exercises backend is a dict
         if missing:
             raise TypeError(f"kernel backend {name!r} lacks {', '.join(missing)}")
         self.name = name
@@ -52,15 +63,8 @@ class Backend:
         return f"Backend({self.name!r})"
 
 
-def qembedding_reference(ids: np.ndarray, qm: QMatrix) -> np.ndarray:
-    """The rows of a quantized table named by ids (T,) -> (T, cols), dequantized by the NumPy spec."""
-    shapes.check_embedding(ids, qm)
-    rows = QMatrix(qm.qtype, (ids.shape[0], qm.shape[1]), qm.data[ids])  # only these rows' blocks
-    return dequantize_reference(rows)  # (T, cols)
-
-
-def _ops_of(module: ModuleType, **more) -> dict:
-    return {op: getattr(module, op, None) for op in OPS} | more
+def _ops_of(module: ModuleType) -> dict:
+    return {op: getattr(module, op, None) for op in OPS}
 
 
 def _cuda_module() -> ModuleType:
@@ -92,22 +96,14 @@ def get_backend(name: str = "numba") -> Backend:
 
 @functools.cache
 def _build(name: str) -> Backend:
-    from minillm.kernels import paged_attention as paged
-
+    """One module per backend, each exposing every op of OPS under the same name."""
     if name == "reference":
-        from minillm.kernels import quant, reference
-        return Backend(name, _ops_of(reference, qlinear=quant.qlinear_reference, qembedding=qembedding_reference,
-                                     paged_attention_decode=paged.paged_attention_decode_reference,
-                                     paged_attention_prefill=paged.paged_attention_prefill_reference))
+        return Backend(name, _ops_of(reference))
     if name == "numba":
-        from minillm.kernels import cpu, quant
-        return Backend(name, _ops_of(cpu, qlinear=quant.qlinear, qembedding=quant.qembedding,
-                                     paged_attention_decode=paged.paged_attention_decode,
-                                     paged_attention_prefill=paged.paged_attention_prefill))
+        return Backend(name, _ops_of(cpu))
     if name == "cuda":
-        # Every operator, paged attention included, from minillm.kernels.cuda. The paged KV cache
-        # lives in host memory, so its paged kernels copy the cache to the device on each call (a
-        # CUDA paged cache would keep its blocks there).
+        # The paged KV cache lives in host memory, so the CUDA paged kernels copy the cache to the
+        # device on each call (a CUDA paged cache would keep its blocks there).
         return Backend(name, _ops_of(_cuda_module()))
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
@@ -148,8 +144,7 @@ def learner_module(chapter_module: str) -> ModuleType:
 def _probes() -> dict[str, tuple]:
     """Small inputs on which each learner function must agree with the reference:
     exercise function -> (args, reference result)."""
-    from minillm.kernels import paged_attention as paged
-    from minillm.kernels import quant, reference
+    from minillm.kernels import quant
 
     rng = np.random.default_rng(0)
     f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
@@ -166,10 +161,10 @@ def _probes() -> dict[str, tuple]:
         "rope": ((q, positions, cos, sin, "half"), reference.rope(q.copy(), positions, cos, sin, "half")),
         "matmul_v3_blocked": ((a, b), reference.matmul(a, b)),
         "attention_decode": ((q1, k, v, 5), reference.attention_decode(q1, k, v, 5)),
-        "qmatvec": ((row, qm), quant.qlinear_reference(row[None], qm)[0]),
+        "qmatvec": ((row, qm), reference.qlinear(row[None], qm)[0]),
         "dequantize_q4_1": ((qm.data, *qm.shape), quant.dequantize_reference(qm)),
         "paged_attention_decode": ((qb, kc, vc, tables, lens),
-                                   paged.paged_attention_decode_reference(qb, kc, vc, tables, lens)),
+                                   reference.paged_attention_decode(qb, kc, vc, tables, lens)),
     }
 
 

@@ -177,7 +177,8 @@ class GGUFFile:
         cur.need(4, "the magic number")
         magic = bytes(self._buf[0:4])
         if magic != GGUF_MAGIC:
-            raise cur.error(f"bad magic {magic!r}: not a GGUF file (expected {GGUF_MAGIC!r})", 0)
+            # the file's own bytes stay out of the message: it may be anything (a key, a private file)
+            raise cur.error(f"not a GGUF file: it does not start with the magic number {GGUF_MAGIC!r}", 0)
         cur.pos = 4
         self.version = cur.scalar("u32", "the version")
         if self.version not in SUPPORTED_VERSIONS:

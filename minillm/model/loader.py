@@ -28,7 +28,6 @@ from minillm.kernels.quant_repack import check_activations, repack
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.gguf import GGUFFile
-from minillm.model.kv_cache import AttentionMetadata
 from minillm.model.layers import LayerWeights, Weight
 from minillm.model.safetensors import load_hf_directory
 from minillm.model.transformer import Model, ModelWeights
@@ -81,27 +80,18 @@ def load_model(path: str | Path | None = None, backend: str = "numba", activatio
 
 
 def repack_linear_weights(weights: ModelWeights, activations: str) -> ModelWeights:
-    """Every packed weight a matvec reads (the layers' projections, the LM head) in the SIMD layout."""
+    """Every packed weight a matvec reads in the SIMD layout: the stacked qkv and gate_up, the
+    output projections, the LM head. Each is repacked once, after stacking (repacking wq, wk and
+    wv first, then their stack again, did the work of the layer's projections twice at load)."""
     def simd(w: Weight) -> Weight:
         return repack(w, activations) if isinstance(w, QMatrix) else w
 
-    layers = [dataclasses.replace(layer, **{f: simd(getattr(layer, f)) for f in LINEAR_FIELDS})
-              for layer in weights.layers]
+    layers = []
+    for layer in weights.layers:
+        layer = dataclasses.replace(layer, wo=simd(layer.wo), w_down=simd(layer.w_down))  # stacks qkv, gate_up anew
+        layer.qkv, layer.gate_up = tuple(map(simd, layer.qkv)), tuple(map(simd, layer.gate_up))
+        layers.append(layer)
     return dataclasses.replace(weights, layers=layers, lm_head=simd(weights.lm_head))
-
-
-def logits_by_activations(path: str | Path, token_ids, activations=("fp32", "int8")) -> dict[str, np.ndarray]:
-    """The logits (T, V) after each of ``token_ids``, fed one at a time as decode does, for each
-    activation mode: what a quality measurement of int8 mode (KL divergence, top-1) compares."""
-    ids = np.asarray(token_ids, dtype=np.int64)  # (T,)
-    results = {}
-    for mode in activations:
-        model = load_model(path, activations=mode)
-        cache = model.new_cache(1, len(ids))
-        steps = (AttentionMetadata(query_lens=[1], context_lens=[i], seq_slots=[0]) for i in range(len(ids)))
-        rows = [model.forward(ids[i:i + 1], meta, cache)[0] for i, meta in enumerate(steps)]  # (V,) each
-        results[mode] = np.stack(rows)  # (T, V)
-    return results
 
 
 # -----------------------------------------------------------------------------

@@ -51,14 +51,23 @@ class Model:
         self.config, self.weights, self.ops = config, weights, ops
         self.context = LayerContext.build(config, ops)  # what every layer shares, built once
 
-    def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: KVCache) -> np.ndarray:
-        """Logits of the rows ``meta.logits_indices`` of a flat batch token_ids (N,) -> (L, V), float32."""
+    def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: KVCache,
+                num_layers: int | None = None) -> np.ndarray:
+        """Logits of the rows ``meta.logits_indices`` of a flat batch token_ids (N,) -> (L, V), float32.
+
+        ``num_layers``: run only the first layers, then the final norm and LM head (early exit: a
+        self-speculative draft); the K/V those layers write are the ones the full forward writes.
+        """
         token_ids = np.asarray(token_ids, dtype=np.int64)   # (N,)
         _check_batch(token_ids, meta, self.config)
         cache.check(meta)
         weights, ops = self.weights, self.ops
+        if num_layers is None:
+            num_layers = self.config.n_layers
+        elif not 1 <= num_layers <= self.config.n_layers:
+            raise ValueError(f"num_layers must lie in [1, {self.config.n_layers}], got {num_layers}")
         x = embed(token_ids, weights.embedding, ops)         # (N, D)
-        for layer, layer_weights in enumerate(weights.layers):
+        for layer, layer_weights in enumerate(weights.layers[:num_layers]):
             x = decoder_layer(x, layer_weights, layer, cache, meta, self.context)  # (N, D)
         x = x[meta.logits_indices]                            # (L, D) norm and LM head only where asked
         x = ops.rms_norm(x, weights.final_norm, self.config.rms_eps)  # (L, D)

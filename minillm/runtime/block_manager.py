@@ -162,6 +162,21 @@ def slot_mapping(block_table: Sequence[int] | np.ndarray, positions: Sequence[in
 
 
 # -----------------------------------------------------------------------------
+# rollback: the blocks past a sequence's new end go back to the pool
+
+def release_tail(pool: BlockPool, block_table: Sequence[int], num_tokens: int, block_size: int) -> list[int]:
+    """The block table of the first ``num_tokens`` tokens; every block past them is released once.
+
+    Released last block first (as ``free`` does), so the least useful block is evicted first. A
+    block another table shares only loses this holder: ``release`` counts references.
+    """
+    keep = -(-num_tokens // block_size)                       # blocks the kept tokens occupy
+    for block_id in reversed(block_table[keep:]):
+        pool.release(block_id)
+    return list(block_table[:keep])
+
+
+# -----------------------------------------------------------------------------
 # the block manager: block tables of sequences on top of the pool
 
 @dataclass
@@ -306,6 +321,52 @@ class BlockManager:
         seq.num_tokens += 1
         return seq.block_table[-1] * self.block_size + position % self.block_size, copy
 
+    # ---- speculative decoding: lookahead slots and rollback -----------------
+
+    def can_append_slots(self, seq_id: Hashable, n: int) -> bool:
+        """Whether the sequence can take ``n`` more slots now (n >= 0)."""
+        seq = self._seq(seq_id)
+        return self._blocks_for_slots(seq, n) <= self.pool.num_free
+
+    def append_lookahead_slots(self, seq_id: Hashable, n: int) -> tuple[int, int] | None:
+        """``n`` slots for tokens not known yet (a draft to verify); returns a copy-on-write (src, dst) or None.
+
+        Unlike ``append_slot`` nothing is hashed: the draft's K/V are not computed yet, and those
+        not accepted are rolled back by ``truncate``. Only whole fresh blocks are added, plus a
+        private copy of the last block when it is shared and partially filled (a fork's).
+        """
+        seq = self._seq(seq_id)
+        if n < 0:
+            raise ValueError(f"cannot append {n} slots")
+        if not self.can_append_slots(seq_id, n):
+            raise RuntimeError(f"not enough free KV blocks for {n} more slots of sequence {seq_id!r}; "
+                               f"ask can_append_slots first")
+        copy = None
+        if n and seq.num_tokens % self.block_size and self.pool.blocks[seq.block_table[-1]].ref_count > 1:
+            src, dst = seq.block_table[-1], self.pool.take()
+            self.pool.release(src)
+            seq.block_table[-1], copy = dst, (src, dst)
+        seq.num_tokens += n
+        while len(seq.block_table) < self.num_blocks_for(seq.num_tokens):
+            seq.block_table.append(self.pool.take())
+        return copy
+
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Roll the sequence back to its first ``num_tokens`` slots: rejected draft tokens lose theirs.
+
+        Blocks wholly past the new end go back to the pool (a block another table shares only
+        loses this holder). A block registered in the prefix cache is never cut into: its K/V
+        stand for a prompt prefix other sequences may reuse, so rolling back into it is refused.
+        """
+        seq = self._seq(seq_id)
+        if not 0 < num_tokens <= seq.num_tokens:
+            raise ValueError(f"sequence {seq_id!r} holds {seq.num_tokens} slots; cannot truncate to {num_tokens}")
+        if num_tokens < len(seq.hashes) * self.block_size:
+            raise ValueError(f"sequence {seq_id!r}: its first {len(seq.hashes) * self.block_size} tokens sit in "
+                             f"prefix-cached blocks, which a rollback to {num_tokens} would overwrite")
+        seq.block_table = release_tail(self.pool, seq.block_table, num_tokens, self.block_size)
+        seq.num_tokens = num_tokens
+
     # ---- sharing and freeing -----------------------------------------------
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -362,6 +423,14 @@ class BlockManager:
             chunk = token_ids[i * bs:(i + 1) * bs]
             seq.hashes.append(hash_block(chunk, seq.hashes[-1] if seq.hashes else None))
             self.pool.cache(seq.block_table[i], seq.hashes[-1], chunk)
+
+    def _blocks_for_slots(self, seq: SequenceBlocks, n: int) -> int:
+        """Free blocks ``n`` more slots consume: fresh ones, plus a copy of a shared partial last block."""
+        if n == 0:
+            return 0
+        fresh = self.num_blocks_for(seq.num_tokens + n) - len(seq.block_table)
+        shared_tail = seq.num_tokens % self.block_size and self.pool.blocks[seq.block_table[-1]].ref_count > 1
+        return fresh + int(bool(shared_tail))
 
     def _blocks_to_append(self, seq: SequenceBlocks) -> int:
         """1 if the next token needs a fresh block (last block full, or shared and about to be copied)."""

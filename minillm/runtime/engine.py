@@ -23,8 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from minillm.generation.constrained import Guide, token_index
+from minillm.generation.constrained.automata import AutomatonTooLarge
 from minillm.generation.output import CompletionOutput, OutputBuilder
 from minillm.generation.sampling import Sampler, SamplingParams, TokenLogprobs
+from minillm.generation.stop import check_stop_strings
 from minillm.generation.tokenizer import Tokenizer
 from minillm.model.transformer import Model
 from minillm.runtime.block_manager import BlockManager
@@ -32,9 +37,37 @@ from minillm.runtime.errors import CONTEXT_LENGTH_EXCEEDED, RequestRejected
 from minillm.runtime.model_runner import ModelRunner
 from minillm.runtime.paged_cache import bytes_per_token
 from minillm.runtime.scheduler import Scheduler, SchedulerOutput
+from minillm.runtime.speculative import SpeculativeConfig, SpeculativeDecoder
 from minillm.runtime.sequence import Sequence, SequenceTimes
 
 FINISH_ABORT = "abort"
+
+KV_CACHE_CAP = 4 << 30       # the default KV budget never exceeds this (vLLM's CPU backend default)
+KV_CACHE_SHARE = 4           # ... nor 1/4 of the memory available when the engine starts
+
+
+def default_kv_cache_bytes(available: int | None = None) -> int:
+    """The KV budget when none is given: min(4 GiB, a quarter of the available memory).
+
+    A fixed small budget (this used to be 256 MB) holds a single full SmolLM2 context, so two long
+    requests took the whole cache and every other client waited. A quarter of what is free leaves
+    the model, the activations and the rest of the machine their room. ``available``: bytes
+    (default: Linux's MemAvailable; elsewhere the cap alone)."""
+    if available is None:
+        available = memory_available()
+    return KV_CACHE_CAP if available is None else min(KV_CACHE_CAP, available // KV_CACHE_SHARE)
+
+
+def memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024   # the file counts kB
+    except OSError:
+        pass
+    return None
 
 
 @dataclass
@@ -85,6 +118,11 @@ class EngineStats:
     max_num_seqs: int
     max_num_batched_tokens: int
     block_size: int
+    # speculative decoding, cumulative (vLLM's spec_decode_* counters); zero without speculation
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # (k,) accepted at each draft position
 
 
 @dataclass
@@ -114,15 +152,34 @@ StepObserver = Callable[[StepPlan, list[StepOutput]], None]
 class LLMEngine:
     """A model, a tokenizer, a paged KV cache of ``kv_cache_bytes`` and a continuous-batching scheduler."""
 
-    def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache_bytes: int = 256 << 20,
-                 block_size: int = 16, max_num_seqs: int = 32, max_num_batched_tokens: int = 512):
+    def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache_bytes: int | None = None,
+                 block_size: int = 16, max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
+                 jump_forward: bool = True, speculative: dict | None = None, max_n: int | None = None,
+                 max_model_len: int | None = None):
+        """``jump_forward``: append the tokens a structured-output constraint forces without a forward each.
+        ``kv_cache_bytes`` None: ``default_kv_cache_bytes()``. ``max_n``: the most completions one request
+        may ask for (None: ``max_num_seqs``, since a request's n sequences run side by side).
+        ``max_model_len``: a shorter limit on prompt + completion than the context and the KV cache allow."""
+        if max_n is not None and max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {max_n}")
         self.model, self.tokenizer = model, tokenizer
+        self.jump_forward = jump_forward
+        kv_cache_bytes = default_kv_cache_bytes() if kv_cache_bytes is None else kv_cache_bytes
         self.block_manager = BlockManager.from_memory_budget(kv_cache_bytes, bytes_per_token(model.config), block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.max_n = min(max_num_seqs, max_n or max_num_seqs)
         self.runner = ModelRunner(model, self.block_manager)
         self.sampler = Sampler(eos_token_ids=[] if tokenizer.eos_id is None else [tokenizer.eos_id])
         # The longest sequence one request may ask for: the context, or the whole KV cache if smaller.
-        self.max_model_len = min(model.config.context_length, self.block_manager.num_blocks * block_size)
+        longest = min(model.config.context_length, self.block_manager.num_blocks * block_size)
+        if max_model_len is not None and not 1 <= max_model_len <= longest:
+            raise ValueError(f"max_model_len must be in [1, {longest}] (the context this model and KV cache hold), "
+                             f"got {max_model_len}")
+        self.max_model_len = longest if max_model_len is None else max_model_len
+        # speculative: vLLM's speculative_config, e.g. {"method": "ngram", "num_speculative_tokens": 4}
+        self.speculative = None if speculative is None else SpeculativeDecoder(
+            SpeculativeConfig.from_dict(speculative), model, self.runner.cache, self.block_manager,
+            self.sampler, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.observers: list[StepObserver] = []
         self.seq_ids = itertools.count()
@@ -139,8 +196,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         arrival = time.perf_counter() if arrival is None else arrival
-        seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival)
-                for i in range(params.n)]
+        index = self._token_index(params)
+        seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival,
+                         guide=None if index is None else Guide(index)) for i in range(params.n)]
         builders = [OutputBuilder(self.tokenizer, params, len(prompt_ids), self.max_model_len, index=i)
                     for i in range(params.n)]
         self.requests[request_id] = Request(request_id, prompt_ids, params, seqs, builders)
@@ -149,15 +207,10 @@ class LLMEngine:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Every check of a request against this engine's limits, each naming the request field at fault."""
+        self.check_params(params)
         if not prompt_ids:
             raise RequestRejected("prompt is empty: give at least one token", "prompt")
-        for ids, param in ((prompt_ids, "prompt"), (params.stop_token_ids, "stop_token_ids")):
-            if bad := [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]:
-                raise RequestRejected(f"{param} holds token ids outside the vocabulary "
-                                      f"[0, {self.tokenizer.vocab_size}): {bad[:5]}", param)
-        if params.n > self.scheduler.max_num_seqs:  # its n sequences must run side by side
-            raise RequestRejected(f"n = {params.n} exceeds this engine's max_num_seqs "
-                                  f"({self.scheduler.max_num_seqs})", "n")
+        self._check_vocabulary(prompt_ids, "prompt")
         limit, prompt_len = self.max_model_len, len(prompt_ids)
         if prompt_len >= limit:
             raise RequestRejected(f"This model's maximum context length is {limit} tokens. However, your prompt "
@@ -168,6 +221,35 @@ class LLMEngine:
                                   f"{prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
                                   f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
                                   f"or completion.", "max_tokens", CONTEXT_LENGTH_EXCEEDED)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The checks that need no prompt. A caller may run them before it tokenizes anything (the
+        server does), so that a request asking for too much costs nothing: they read only limits
+        fixed when the engine was built, which makes them safe from any thread."""
+        self._check_vocabulary(params.stop_token_ids, "stop_token_ids")
+        if params.n > self.max_n:  # a request's n sequences run side by side
+            raise RequestRejected(f"n = {params.n} exceeds this engine's limit of {self.max_n} completions per "
+                                  f"request (max_n; max_num_seqs = {self.scheduler.max_num_seqs})", "n")
+        try:
+            check_stop_strings(params.stop)
+        except ValueError as e:
+            raise RequestRejected(str(e), "stop") from None
+
+    def _check_vocabulary(self, ids: list[int], param: str) -> None:
+        if bad := [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]:
+            raise RequestRejected(f"{param} holds token ids outside the vocabulary "
+                                  f"[0, {self.tokenizer.vocab_size}): {bad[:5]}", param)
+
+    def _token_index(self, params: SamplingParams):
+        """The structured-output index of the request's constraint (built once per pattern, then cached)."""
+        if params.guided_pattern is None:
+            return None
+        try:
+            return token_index(params.guided_pattern, self.tokenizer)
+        except AutomatonTooLarge as e:
+            field = next(n for n in ("guided_regex", "guided_json", "guided_choice", "guided_json_object")
+                         if getattr(params, n) not in (None, False))
+            raise RequestRejected(f"{field}: {e}", field) from None
 
     def abort(self, request_id: str) -> None:
         """Stop a request in whatever state it is; its blocks return to the pool."""
@@ -193,6 +275,8 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         plan = self.scheduler.schedule()
+        if self.speculative is not None:
+            self.speculative.draft(plan, self.scheduler.max_num_batched_tokens - plan.num_tokens)
         record = self._record(plan) if self.observers else None
         outputs = self._run(plan) if plan.scheduled else []
         for observer in list(self.observers):
@@ -208,19 +292,66 @@ class LLMEngine:
         now = time.perf_counter()
         for s in plan.scheduled:
             s.seq.times.first_scheduled = s.seq.times.first_scheduled or now
-        logits = self.runner.run(plan.scheduled, plan.copies)        # (S, V)
-        ready = [s.seq for s in plan.scheduled if s.completes_prefill]  # (S,) in logits row order: draw a token
+        logits = self.runner.run(plan.scheduled, plan.copies)        # (rows, V): 1 + len(draft) per sampling seq
+        ready = [s for s in plan.scheduled if s.completes_prefill]   # in logits row order: draw a token
+        now = time.perf_counter()
+        for s in ready:  # the first forward that gives a sequence logits ends its prefill (TTFT's middle part)
+            s.seq.times.prefill_done = s.seq.times.prefill_done or now
+        first_rows = np.cumsum([0] + [1 + len(s.draft) for s in ready])
         self.scheduler.mark_computed(plan.scheduled)
+        speculated = [(s, logits[first_rows[i]:first_rows[i + 1]]) for i, s in enumerate(ready) if s.draft]
         rows, seqs = [], []
-        for row, seq in enumerate(ready):
+        for row, seq in ((first_rows[i], s.seq) for i, s in enumerate(ready) if not s.draft):
             for member in [seq, *self._forks_due(seq)]:               # n > 1: siblings share the row
                 rows.append(row)
                 seqs.append(member)
-        if not seqs:
-            return []
-        drawn = self.sampler.sample(logits[rows], [s.sampler_state for s in seqs])
+        outputs = []
+        if seqs:
+            drawn = self.sampler.sample(logits[rows], [s.sampler_state for s in seqs])
+            now = time.perf_counter()
+            for seq, tok, lp in zip(seqs, drawn.token_ids, drawn.logprobs):
+                outputs.append(self._append(seq, int(tok), lp, now))
+                if self.jump_forward and seq.sampler_state.guide is not None and seq.params.logprobs is None:
+                    outputs += self._jump_forward(seq, now)
         now = time.perf_counter()
-        return [self._append(seq, int(tok), lp, now) for seq, tok, lp in zip(seqs, drawn.token_ids, drawn.logprobs)]
+        for s, rows_of_seq in speculated:                             # (1 + k, V) each: accept, then roll back
+            outputs += self.speculative.verify(s, rows_of_seq, self._append, now)
+        return outputs
+
+    def _jump_forward(self, seq: Sequence, now: float) -> list[StepOutput]:
+        """Append the tokens the constraint forces (SGLang's compressed FSM), each a StepOutput.
+
+        The next step runs them through the model as one chunk, with the token just sampled: their
+        KV slots are allocated here, so the scheduler sees a sequence whose slots are all allocated
+        and only some computed - a prefill chunk. Jumping is skipped when the blocks are not free."""
+        guide, bm, p, out = seq.sampler_state.guide, self.block_manager, seq.params, []
+        eos = self.tokenizer.eos_id
+        while not seq.finished and (forced := guide.forced_tokens()):
+            if forced == [eos]:
+                if p.ignore_eos or len(seq.output_ids) < p.min_tokens:
+                    break                     # the request wants no end here: let the model go on
+                out.append(self._append(seq, eos, None, now))   # EOS ends it: it never runs
+                break
+            forced = [t for t in forced if t != eos]
+            blocks = bm.num_blocks_for(seq.num_tokens + len(forced)) - len(bm.block_table(seq.seq_id))
+            if blocks + 1 > bm.num_free_blocks:   # + 1: a shared last block may need its copy
+                break
+            for token in forced:
+                self._allocate_slots(seq)
+                out.append(self._append(seq, token, None, now))
+                if seq.finished:
+                    break
+            if not seq.finished:
+                self._allocate_slots(seq)
+        return out
+
+    def _allocate_slots(self, seq: Sequence) -> None:
+        """KV slots for every token of the sequence that has none yet."""
+        bm = self.block_manager
+        while bm.num_slots(seq.seq_id) < seq.num_tokens:
+            _, copy = bm.append_slot(seq.seq_id, seq.token_ids[:bm.num_slots(seq.seq_id) + 1])
+            if copy is not None:  # a shared partial block (n > 1): its K/V are computed, copy them now
+                self.runner.cache.copy_block(*copy)
 
     def _forks_due(self, seq: Sequence) -> list[Sequence]:
         """Siblings of a request's first sequence join when its prompt prefill completes."""
@@ -256,10 +387,15 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm, scheduler = self.block_manager, self.scheduler
+        spec = {} if self.speculative is None else dict(
+            spec_decode_num_drafts=self.speculative.stats.num_drafts,
+            spec_decode_num_draft_tokens=self.speculative.stats.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.speculative.stats.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(self.speculative.stats.accepted_per_pos))
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_cache_usage=bm.usage,
             num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
             prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=scheduler.num_preemptions, max_model_len=self.max_model_len,
             max_num_seqs=scheduler.max_num_seqs, max_num_batched_tokens=scheduler.max_num_batched_tokens,
-            block_size=bm.block_size)
+            block_size=bm.block_size, **spec)

@@ -18,23 +18,28 @@ class ModelRunner:
         self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[np.ndarray, PagedAttentionMetadata]:
-        """The flat batch: each sequence's next ``num_new`` tokens, back to back.
+        """The flat batch: each sequence's next ``num_new`` tokens, then its draft, back to back.
 
         Logits are asked only for sequences whose last token runs now (a decode token, or the
         final chunk of a prompt); a sequence in the middle of a chunked prefill samples nothing.
+        A speculative sequence gets logits at every row from its newest token on: row j scores
+        the draft's token j, and the last row is the token after the whole draft.
         """
         starts = np.array([s.seq.num_computed for s in scheduled])        # (B,) context before this step
-        lens = np.array([s.num_new for s in scheduled])                    # (B,)
-        token_ids = np.concatenate([s.seq.token_ids[a:a + n] for s, a, n in zip(scheduled, starts, lens)])  # (N,)
-        sampling = np.array([s.completes_prefill for s in scheduled])      # (B,)
+        lens = np.array([s.num_new + len(s.draft) for s in scheduled])     # (B,)
+        token_ids = np.concatenate([s.seq.token_ids[a:a + s.num_new] + s.draft
+                                    for s, a in zip(scheduled, starts)])   # (N,)
         last_rows = np.cumsum(lens) - 1                                    # (B,) each sequence's last flat row
+        rows = [np.arange(last - len(s.draft), last + 1)                   # 1 + k rows per sampling sequence
+                for s, last in zip(scheduled, last_rows) if s.completes_prefill]
         meta = PagedAttentionMetadata.build(
             lens, starts, [self.block_manager.block_table(s.seq.seq_id) for s in scheduled],
-            self.block_manager.block_size, logits_indices=last_rows[sampling])
+            self.block_manager.block_size,
+            logits_indices=np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
         return token_ids, meta
 
     def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]]) -> np.ndarray:
-        """Copy-on-write first, then one forward -> logits (sequences that sample, V)."""
+        """Copy-on-write first, then one forward -> logits (rows: 1 + len(draft) per sampling sequence, V)."""
         for src, dst in copies:
             self.cache.copy_block(src, dst)
         token_ids, meta = self.prepare(scheduled)

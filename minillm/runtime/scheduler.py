@@ -3,11 +3,20 @@
 Each step builds one batch under two limits - ``max_num_batched_tokens`` (the token budget of one
 forward) and ``max_num_seqs`` (sequences running at once):
 
-1. every running sequence, oldest first, gets its next token: one decode token, or the next
-   chunk of a prompt that did not fit in one step (**chunked prefill**: a long prompt is spread
-   over several steps, so the running sequences keep decoding meanwhile);
-2. waiting sequences are admitted first come, first served, while the budget, the sequence cap
+1. every running sequence that is decoding, oldest first, gets its one next token;
+2. running sequences in the middle of a prompt, oldest first, get its next chunk (**chunked
+   prefill**: a long prompt is spread over several steps, so the others keep decoding meanwhile);
+3. waiting sequences are admitted first come, first served, while the budget, the sequence cap
    and the free KV blocks allow; their prefill may start with a chunk.
+
+**Fairness** - short requests keep being admitted while long ones run: decode tokens go first
+(step 1), so no prefill, however long, holds back a stream that is already running; and while
+sequences wait, the prefill chunks of step 2 leave ``max_num_batched_tokens // ADMISSION_SHARE``
+tokens of the budget to step 3. A short prompt that arrives while two full-context prompts are
+being prefilled is therefore admitted at the next step where the sequence cap and the KV blocks
+allow it, prefilled at once if it fits in that share, and then decodes one token every step: it
+finishes within about ``max_tokens`` steps of its admission, however long the others are.
+(Blocks are the other shared resource: the engine's default KV budget holds many full contexts.)
 
 When a running sequence needs a block and none is free, the most recently admitted sequence is
 **preempted by recompute**: its blocks are freed and it goes back to the front of the queue, to
@@ -26,6 +35,7 @@ from minillm.runtime.sequence import Sequence, Status
 class ScheduledSeq:
     seq: Sequence
     num_new: int  # tokens of this sequence that run in this step
+    draft: list[int] = field(default_factory=list)  # speculative tokens verified after them (runtime/speculative.py)
 
     @property
     def completes_prefill(self) -> bool:
@@ -42,6 +52,9 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new for s in self.scheduled)
+
+
+ADMISSION_SHARE = 8  # while sequences wait, running prefills leave them 1/8 of the token budget
 
 
 def choose_victim(running: list[Sequence]) -> Sequence:
@@ -81,30 +94,39 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         bm = self.block_manager
 
-        # 1. running sequences, oldest first
+        # 1. running sequences that decode, oldest first: the newest token of each needs a slot
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if bm.num_slots(seq.seq_id) < seq.num_tokens:  # decode: the newest token needs a slot
-                while not bm.can_append(seq.seq_id):
-                    victim = choose_victim(self.running)
-                    self.preempt(victim)
-                    out.preempted.append(victim)
-                    if victim is seq:
-                        break
-                if seq.status is not Status.RUNNING:
-                    break  # it preempted itself: everyone after it is gone too
-                _, copy = bm.append_slot(seq.seq_id, seq.token_ids)
-                if copy is not None:
-                    out.copies.append(copy)
-                num_new = 1
-            else:                                           # the next chunk of a prompt
-                num_new = min(seq.num_uncomputed, budget)
-            out.scheduled.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
             i += 1
+            if bm.num_slots(seq.seq_id) >= seq.num_tokens:  # mid-prompt: step 2
+                continue
+            while not bm.can_append(seq.seq_id):
+                victim = choose_victim(self.running)
+                self.preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                break  # it preempted itself: everyone after it is gone too
+            _, copy = bm.append_slot(seq.seq_id, seq.token_ids)
+            if copy is not None:
+                out.copies.append(copy)
+            out.scheduled.append(ScheduledSeq(seq, 1))
+            budget -= 1
 
-        # 2. waiting sequences, first come first served (none while we are preempting)
+        # 2. the next chunk of each running prompt, oldest first; some budget stays for the waiting
+        reserve = self.max_num_batched_tokens // ADMISSION_SHARE if self.waiting else 0
+        decoding = {id(s.seq) for s in out.scheduled}
+        for seq in self.running:
+            if budget - reserve <= 0:
+                break
+            if id(seq) not in decoding and bm.num_slots(seq.seq_id) >= seq.num_tokens:
+                num_new = min(seq.num_uncomputed, budget - reserve)
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+
+        # 3. waiting sequences, first come first served (none while we are preempting)
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted
                and bm.can_allocate(self.waiting[0].seq_id, self.waiting[0].token_ids)):
             seq = self.waiting.popleft()

@@ -17,6 +17,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from minillm.generation.constrained import Guide
 from minillm.generation.sampling import SamplingParams, SamplingState
 
 
@@ -28,9 +29,14 @@ class Status(enum.Enum):
 
 @dataclass
 class SequenceTimes:
-    """Wall-clock instants (time.perf_counter) of a sequence's life."""
+    """Wall-clock instants (time.perf_counter) of a sequence's life.
+
+    Its time to first token is queue (arrival -> first_scheduled), prefill (-> prefill_done: the
+    forward that made its first token's logits has ended) and first sample (-> first_token).
+    """
     arrival: float
     first_scheduled: float | None = None
+    prefill_done: float | None = None
     first_token: float | None = None
     tokens: list[float] = field(default_factory=list)
     finished: float | None = None
@@ -40,20 +46,22 @@ class Sequence:
     """Prompt and output ids, the sampler's state, where it stands in the cache, and its timings."""
 
     def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 choice: int = 0, arrival: float | None = None):
+                 choice: int = 0, arrival: float | None = None, guide: Guide | None = None):
         self.seq_id, self.request_id, self.choice = seq_id, request_id, choice
         self.prompt_ids = prompt_ids
         self.params = params
         self.output_ids: list[int] = []
-        self.sampler_state = SamplingState(params, prompt_ids, self.output_ids, choice=choice)
+        self.sampler_state = SamplingState(params, prompt_ids, self.output_ids, choice=choice, guide=guide)
         self.status = Status.WAITING
         self.num_computed = 0       # leading tokens whose K/V are in the cache
         self.num_preemptions = 0
         self.times = SequenceTimes(arrival=time.perf_counter() if arrival is None else arrival)
 
     def append_token(self, token_id: int) -> None:
-        """A new token was drawn: the next step must run it through the model."""
+        """A new token was drawn (or forced by the constraint): the next step must run it through the model."""
         self.output_ids.append(token_id)
+        if self.sampler_state.guide is not None:
+            self.sampler_state.guide.advance(token_id)
 
     @property
     def token_ids(self) -> list[int]:

@@ -17,20 +17,35 @@ come back through one ``asyncio.Queue`` per request:
 the ``put_nowait`` call and wakes the loop. With no work the thread sleeps on a condition
 variable, so an idle server costs nothing.
 
-Back-pressure: requests accepted but not yet running (the scheduler's waiting queue plus the adds
-still in the command list) are counted; past ``max_waiting`` a new request gets a 503 at once,
-instead of a queue that grows without bound while every client waits longer.
+Back-pressure: requests accepted but not yet running are counted; past ``max_waiting`` a new
+request gets a 503 at once, instead of a queue that grows without bound while every client waits
+longer. The count is the load the engine will see - its waiting queue, the adds still in the
+command list, the requests on probation - less the free places among its ``max_num_seqs``: an add
+that will start running at once is not waiting (a burst of requests is not refused while the
+engine still has room for them).
+
+A failing request must not take the others with it. A step runs many requests in one batch, so
+when it raises, the thread cannot see whose data broke it; it narrows it down instead. Requests
+that have produced no token yet ("newcomers") are taken out of the engine (their clients have
+seen nothing, so nothing is lost) and readmitted one per step. A step that fails while a
+readmitted request is the only newcomer is that request's fault: it alone gets the error (a 500).
+A step that fails with no newcomer in flight fails every request in flight, as before: the fault
+is in the engine, not in one request. Either way the thread lives on and keeps serving.
+(A step that raised after some of its tokens were appended loses those tokens; the retry starts
+from the next step.) A request older than ``request_timeout`` seconds is aborted with a 504.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from minillm.generation.sampling import SamplingParams
-from minillm.runtime.engine import LLMEngine, StepOutput
+from minillm.runtime.engine import EngineStats, LLMEngine, StepOutput
 from minillm.runtime.errors import RequestRejected
 from minillm.serve.errors import APIError
 from minillm.serve.metrics import ServerMetrics, StatsLogger
@@ -42,6 +57,12 @@ ACCEPTED = "accepted"  # the engine took the request: the first item on its queu
 
 class EngineFailure(Exception):
     """The engine failed while the request was in flight (or the server is shutting down)."""
+    status = 500
+
+
+class RequestTimedOut(EngineFailure):
+    """The request ran past the server's ``request_timeout``: aborted, its blocks freed."""
+    status = 504
 
 
 class RequestStream:
@@ -105,14 +126,29 @@ class Abort:
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int = 128,
-                 log_interval: float = 10.0):
+                 log_interval: float = 10.0, request_timeout: float | None = None,
+                 max_request_tokens: int | None = None):
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
+        if request_timeout is not None and request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout}")
+        if max_request_tokens is not None and max_request_tokens < 1:
+            raise ValueError(f"max_request_tokens must be >= 1, got {max_request_tokens}")
         self.engine, self.metrics, self.max_waiting = engine, metrics, max_waiting
+        self.request_timeout, self.max_request_tokens = request_timeout, max_request_tokens
+        self.max_model_len = engine.stats().max_model_len
+        # engine thread only: failure isolation (module docstring)
+        self.newcomers: dict[str, Add] = {}     # in the engine, no token out yet
+        self.probation: deque[Add] = deque()    # taken out after a failed step; readmitted one per step
+        self.on_probation: str | None = None    # the readmitted request now running alone as a newcomer
+        self.arrivals: dict[str, float] = {}    # request id -> arrival (perf_counter), for the timeout
+        self.on_death: Callable[[], None] | None = None  # called if the thread dies after all
         self.stats_logger = StatsLogger(log_interval)
         self.wakeup = threading.Condition()
         self.commands: list[Add | Abort] = []   # guarded by wakeup
-        self.num_waiting = 0                    # guarded by wakeup: scheduler waiting + pending adds
+        self.num_waiting = 0                    # guarded by wakeup: the load beyond the free places (docstring)
+        self.queued = 0                         # guarded by wakeup: scheduler waiting + probation, last step
+        self.free_places = engine.stats().max_num_seqs  # guarded by wakeup: max_num_seqs - running, last step
         self.stopping = False                   # guarded by wakeup
         self.streams: dict[str, RequestStream] = {}  # engine thread only
         self.thread = threading.Thread(target=self.run, name="minillm-engine", daemon=True)
@@ -138,6 +174,12 @@ class AsyncEngine:
                      arrival: float) -> RequestStream:
         """Queue a request; returns once the engine has accepted it. Raises the engine's RequestRejected,
         or an APIError (503) when the server cannot take it."""
+        if self.max_request_tokens is not None:  # no max_tokens: up to the end of the context
+            budget = params.n * (params.max_tokens or max(self.max_model_len - len(prompt_ids), 0))
+            if budget > self.max_request_tokens:
+                raise RequestRejected(f"n x max_tokens = {params.n} x {budget // params.n} = {budget} tokens exceeds "
+                                      f"this server's limit per request ({self.max_request_tokens}); lower n or "
+                                      f"max_tokens", "max_tokens")
         stream = RequestStream(request_id, params.n, len(prompt_ids), self)
         with self.wakeup:
             if not self.alive:
@@ -145,8 +187,8 @@ class AsyncEngine:
             if self.num_waiting >= self.max_waiting:
                 raise APIError(503, f"the server is overloaded: {self.num_waiting} requests are already waiting "
                                     f"(max_waiting = {self.max_waiting}); retry later")
-            self.num_waiting += 1
             self.commands.append(Add(stream, prompt_ids, params, arrival))
+            self.count_waiting()
             self.wakeup.notify()
         try:
             await stream.accepted()
@@ -154,6 +196,16 @@ class AsyncEngine:
             stream.close()
             raise
         return stream
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The engine's checks that need no prompt (``LLMEngine.check_params``: fixed limits only, so
+        safe from the event loop), for a handler to run before it does any work for the request."""
+        self.engine.check_params(params)
+
+    def count_waiting(self) -> None:
+        """Under ``wakeup``: the requests that will wait, from the last step's figures and the adds since."""
+        pending = sum(isinstance(c, Add) for c in self.commands)
+        self.num_waiting = max(self.queued + pending - self.free_places, 0)
 
     def abort(self, request_id: str) -> None:
         with self.wakeup:
@@ -174,12 +226,14 @@ class AsyncEngine:
                 if isinstance(command, Add):
                     command.stream.put(EngineFailure("the engine thread died"))
             self.fail_all("internal error: the engine thread died")
+            if self.on_death is not None:  # `minillm serve`: stop the HTTP side too, exit non-zero
+                self.on_death()
             raise
 
     def serve_forever(self) -> None:
         while True:
             with self.wakeup:
-                if not (self.commands or self.engine.has_unfinished() or self.stopping):
+                if not (self.commands or self.engine.has_unfinished() or self.stopping or self.probation):
                     self.stats_logger.log(self.engine.stats())  # a burst of work just ended
                     while not (self.commands or self.engine.has_unfinished() or self.stopping):
                         self.wakeup.wait()
@@ -188,38 +242,105 @@ class AsyncEngine:
                 stopping = self.stopping
             for command in commands:
                 self.execute(command)
+            if commands:
+                self.refresh_load()  # the step may be long: the new requests count from now
             if stopping:
                 self.fail_all("the server is shutting down")
                 return
-            if self.engine.has_unfinished():
-                self.step()
-            with self.wakeup:
-                stats = self.engine.stats()
-                self.num_waiting = stats.num_waiting + sum(isinstance(c, Add) for c in self.commands)
-            self.metrics.observe_engine(stats)
+            stepped_cleanly = self.step() if self.engine.has_unfinished() else True
+            if stepped_cleanly and self.probation and self.on_probation is None and not self.newcomers:
+                self.readmit(self.probation.popleft())
+            if self.request_timeout is not None:
+                self.expire()
+            self.metrics.observe_engine(self.refresh_load())
+
+    def refresh_load(self) -> EngineStats:
+        stats = self.engine.stats()
+        with self.wakeup:
+            self.queued = stats.num_waiting + len(self.probation)
+            self.free_places = max(stats.max_num_seqs - stats.num_running, 0)
+            self.count_waiting()
+        return stats
 
     def execute(self, command: Add | Abort) -> None:
         if isinstance(command, Abort):
-            if self.streams.pop(command.request_id, None) is not None:
+            if command.request_id in self.streams:
                 self.engine.abort(command.request_id)
-            return
-        stream = command.stream
+                self.forget(command.request_id)
+        elif self.probation or self.on_probation is not None:  # a culprit is being sought: newcomers queue
+            self.probation.append(command)
+        else:
+            self.admit(command)
+
+    def admit(self, command: Add) -> bool:
+        """Into the engine; the stream hears ACCEPTED (once), the engine's RequestRejected, or a failure."""
+        stream, request_id = command.stream, command.stream.request_id
         try:
-            self.engine.add_request(command.prompt_ids, command.params, request_id=stream.request_id,
+            self.engine.add_request(command.prompt_ids, command.params, request_id=request_id,
                                     arrival=command.arrival)
         except RequestRejected as e:
+            self.forget(request_id)
             stream.put(e)
-            return
-        self.streams[stream.request_id] = stream
-        stream.put(ACCEPTED)
+            return False
+        except Exception as e:  # a bug this request alone ran into: it fails, the thread lives on
+            log.exception("adding request %s failed", request_id)
+            self.engine.abort(request_id)
+            self.forget(request_id)
+            stream.put(EngineFailure(f"internal error in the engine: {type(e).__name__}: {e}"))
+            return False
+        self.newcomers[request_id], self.arrivals[request_id] = command, command.arrival
+        if request_id not in self.streams:  # a readmitted request was accepted already
+            self.streams[request_id] = stream
+            stream.put(ACCEPTED)
+        return True
 
-    def step(self) -> None:
+    def readmit(self, command: Add) -> None:
+        """Back into the engine as the only newcomer: if the next step fails, it is to blame."""
+        if not command.stream.done and self.admit(command):  # done: its client left meanwhile
+            self.on_probation = command.stream.request_id
+
+    def isolate(self, message: str) -> None:
+        """After a failed step: blame the request on probation, else take the newcomers out, else fail all."""
+        if self.on_probation is not None:
+            self.fail([self.on_probation], message)
+        elif self.newcomers:
+            for request_id, command in list(self.newcomers.items()):
+                self.engine.abort(request_id)  # frees its blocks; its stream stays, it comes back later
+                del self.newcomers[request_id]
+                self.probation.append(command)
+            log.warning("taking %d new request(s) out of the batch to find the one that broke it", len(self.probation))
+        else:
+            self.fail(list(self.streams), message)
+
+    def expire(self) -> None:
+        now = time.perf_counter()
+        late = [request_id for request_id, arrival in self.arrivals.items() if now - arrival > self.request_timeout]
+        self.fail(late, f"the request took longer than this server's request timeout ({self.request_timeout} s) "
+                        f"and was aborted", RequestTimedOut)
+
+    def forget(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+        self.newcomers.pop(request_id, None)
+        self.arrivals.pop(request_id, None)
+        if self.on_probation == request_id:
+            self.on_probation = None
+
+    def fail(self, request_ids: list[str], message: str, error: type[EngineFailure] = EngineFailure) -> None:
+        for request_id in request_ids:
+            stream = self.streams.get(request_id)
+            self.engine.abort(request_id)
+            self.forget(request_id)
+            if stream is not None:
+                stream.put(error(message))
+
+    def step(self) -> bool:
+        """One engine step, its tokens sent to their streams; False if it failed (see ``isolate``)."""
         try:
             outputs = self.engine.step()
-        except Exception as e:  # the batch is lost; every request in flight gets the error
+        except Exception as e:
             log.exception("engine step failed")
-            self.fail_all(f"internal error in the engine: {type(e).__name__}: {e}")
-            return
+            self.isolate(f"internal error in the engine: {type(e).__name__}: {e}")
+            return False
         by_request: dict[str, list[StepOutput]] = defaultdict(list)
         for out in outputs:
             by_request[out.request_id].append(out)
@@ -229,12 +350,15 @@ class AsyncEngine:
         self.stats_logger.step(self.engine.stats(), len(outputs), num_prompt)
         for request_id, request_outputs in by_request.items():
             self.streams[request_id].put(request_outputs)
+            self.newcomers.pop(request_id, None)  # it has a token out: no longer a suspect
+            if self.on_probation == request_id:
+                self.on_probation = None
             if request_outputs[-1].request_finished:
                 self.metrics.observe_finished(self.engine.pop_request(request_id))
-                del self.streams[request_id]
+                self.forget(request_id)
+        return True
 
     def fail_all(self, message: str) -> None:
-        for request_id, stream in list(self.streams.items()):
-            self.engine.abort(request_id)
-            stream.put(EngineFailure(message))
-        self.streams.clear()
+        self.fail(list(self.streams), message)
+        while self.probation:  # taken out of the engine, or never in it
+            self.probation.popleft().stream.put(EngineFailure(message))

@@ -12,8 +12,9 @@ Token counts come from the usage chunk (``stream_options.include_usage``), not f
 chunks (a chunk may carry several tokens, or none). Requests arrive all at once
 (``request_rate=inf``) or as a Poisson process of the given rate (seeded), optionally under a cap
 on how many are in flight. The report: request, output-token and total-token throughput;
-*goodput* (requests per second meeting every latency target); mean, median and p99 of each
-latency.
+*goodput* (vLLM's meaning: the requests that met every latency target given - TTFT, TPOT, E2E -
+per second of the run, and here also as a fraction of all requests sent); mean, median and p99
+of each latency.
 
     minillm bench serve --base-url http://127.0.0.1:8000 --num-prompts 64 --input-len 128 \\
         --output-len 64 --max-concurrency 16 --goodput ttft:2000 tpot:200
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm  # plain text: a command-line tool, not a notebook widget
 
 from minillm.generation.tokenizer import Tokenizer
 
@@ -216,7 +217,8 @@ class LoadReport:
                 ("Output token throughput (tok/s)", s["output_throughput"]),
                 ("Total token throughput (tok/s)", s["total_token_throughput"])]
         if "request_goodput" in s:
-            rows.append(("Request goodput (req/s)", s["request_goodput"]))
+            rows += [("Request goodput (req/s)", s["request_goodput"]),
+                     ("Requests meeting the targets (%)", 100 * s["goodput_fraction"])]
         for metric, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
                               ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
             rows.append((f"---{title}---", None))
@@ -231,6 +233,35 @@ class LoadReport:
             else:
                 lines.append(f"{name:<44}{'-' if value is None else value:>16}")
         return "\n".join(lines + ["=" * 60])
+
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def check_targets(targets_ms: dict[str, float]) -> None:
+    """Goodput targets name known latencies and give a number of milliseconds >= 0."""
+    unknown = set(targets_ms) - set(GOODPUT_METRICS)
+    if unknown:
+        raise ValueError(f"unknown goodput targets {sorted(unknown)}; use {', '.join(GOODPUT_METRICS)}")
+    negative = {name: ms for name, ms in targets_ms.items() if not ms >= 0}
+    if negative:
+        raise ValueError(f"goodput targets must be >= 0 ms, got {negative}")
+
+
+def meets_targets(lat: Latencies, targets_ms: dict[str, float]) -> bool:
+    """Whether one request met every target (ms). A single-token answer has no TPOT: it meets any
+    TPOT target (vLLM counts its TPOT as 0)."""
+    check_targets(targets_ms)
+    measured = {"ttft": lat.ttft, "tpot": lat.tpot or 0.0, "e2el": lat.e2e}
+    return all(1000 * measured[name] <= target for name, target in targets_ms.items())
+
+
+def goodput_figures(results: list[RequestResult], duration: float, targets_ms: dict[str, float]) -> dict:
+    """Requests that completed and met every target: per second of the run (vLLM's request goodput)
+    and as a fraction of all requests sent (a failed request met no target)."""
+    good = sum(r.ok and meets_targets(r.latencies, targets_ms) for r in results)
+    return {"request_goodput": good / duration, "goodput_fraction": good / len(results),
+            "goodput_targets_ms": dict(targets_ms)}
 
 
 def summarize(results: list[RequestResult], duration: float, goodput: dict[str, float] | None = None) -> dict:
@@ -249,8 +280,7 @@ def summarize(results: list[RequestResult], duration: float, goodput: dict[str, 
          "total_token_throughput": (total_in + total_out) / duration,
          "tokens_from_usage": all(r.tokens_from_usage for r in done)}
     if goodput:
-        s["request_goodput"] = sum(meets_targets(r.latencies, goodput) for r in done) / duration
-        s["goodput_targets_ms"] = dict(goodput)
+        s |= goodput_figures(results, duration, goodput)
     for metric, values in lat.items():  # None where nothing was measured (e.g. TPOT of 1-token outputs)
         ms = [1000 * v for v in values]
         s[f"mean_{metric}_ms"] = sum(ms) / len(ms) if ms else None
@@ -259,16 +289,9 @@ def summarize(results: list[RequestResult], duration: float, goodput: dict[str, 
     return s
 
 
-def meets_targets(lat: Latencies, targets_ms: dict[str, float]) -> bool:
-    measured = {"ttft": lat.ttft, "tpot": lat.tpot or 0.0, "e2el": lat.e2e}
-    unknown = set(targets_ms) - set(measured)
-    if unknown:
-        raise ValueError(f"unknown goodput targets {sorted(unknown)}; use ttft, tpot, e2el")
-    return all(1000 * measured[name] <= target for name, target in targets_ms.items())
-
-
 async def benchmark(config: LoadConfig, tokenizer: Tokenizer) -> LoadReport:
     """Build the prompts, send them by the arrival schedule, measure every stream, summarize."""
+    check_targets(config.goodput)  # before any request: a typo should not cost a whole run
     prompts = build_prompts(tokenizer, config.num_prompts, config.input_len, config.prefix_len, config.seed,
                             config.token_ids)
     at = send_times(config.num_prompts, config.request_rate, config.seed)
@@ -321,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
+    """``["ttft:200", "tpot:50"]`` -> {"ttft": 200.0, "tpot": 50.0}, checked."""
     targets = {}
     for item in items:
         name, _, ms = item.partition(":")
@@ -328,6 +352,7 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
             targets[name] = float(ms)
         except ValueError:
             raise ValueError(f"--goodput takes NAME:MILLISECONDS pairs, got {item!r}") from None
+    check_targets(targets)
     return targets
 
 

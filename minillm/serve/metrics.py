@@ -46,6 +46,9 @@ ENGINE_COUNTERS = (
     ("num_preemptions", "Sequences preempted (their KV freed, to recompute).", "num_preemptions"),
     ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
     ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+    ("spec_decode_num_drafts", "Verify steps that carried a speculative draft.", "spec_decode_num_drafts"),
+    ("spec_decode_num_draft_tokens", "Draft tokens proposed.", "spec_decode_num_draft_tokens"),
+    ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", "spec_decode_num_accepted_tokens"),
 )
 
 
@@ -62,6 +65,11 @@ class EngineStatsCollector:
                 family = kind(PREFIX + name, doc, labels=["model_name"])
                 family.add_metric([self.model_name], getattr(stats, field))
                 yield family
+        family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted at each draft position.", labels=["model_name", "position"])
+        for position, accepted in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            family.add_metric([self.model_name, str(position)], accepted)
+        yield family
 
 
 class ServerMetrics:

@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from minillm.generation.sampling import SamplingParams
 from minillm.runtime.errors import RequestRejected
+from minillm.serve import tools as tool_format
 from minillm.serve.errors import APIError, bad_request
 
 MAX_LOGPROBS = 20  # most alternatives returned per token (vLLM's default cap)
@@ -41,14 +42,64 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str          # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: str | list[TextPart] | None = None   # None: an assistant turn that only called tools
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule; the template ignores it
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def as_dict(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": content}
+        content = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
+        message = {"role": self.role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return message
+
+
+class FunctionDefinition(Strict):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None   # a JSON Schema
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchemaFormat(Strict):
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class SamplingFields(Strict):
@@ -71,6 +122,9 @@ class SamplingFields(Strict):
     ignore_eos: bool | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
+    guided_regex: str | None = None
+    guided_json: dict | str | None = None
+    guided_choice: list[str] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -93,10 +147,10 @@ class SamplingFields(Strict):
         """The engine's refusal as a 400 naming this request's field."""
         return bad_request(e.message, self.request_field(e.param), e.code)
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, **constraint) -> SamplingParams:
         """SamplingParams with OpenAI's defaults; a bad value -> 400 naming the request field."""
         given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
-        given = {"max_tokens": max_tokens, "logprobs": logprobs, **given}
+        given = {"max_tokens": max_tokens, "logprobs": logprobs, **given, **constraint}
         try:
             return SamplingParams(**given)
         except ValueError as e:
@@ -134,20 +188,67 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     def conversation(self) -> list[dict]:
         if not self.messages:
             raise bad_request("messages must be a non-empty list", "messages")
-        return [m.as_dict() for m in self.messages]
+        try:
+            return tool_format.template_messages([m.as_dict() for m in self.messages], self.offered_tools())
+        except ValueError as e:   # a tool call whose arguments are not JSON
+            raise bad_request(f"messages: a tool call's arguments are not valid JSON: {e}", "messages") from None
+
+    def offered_tools(self) -> list[dict] | None:
+        """The tools the model is told about (none when tool_choice is "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return self.offered_tools() is not None
+
+    def constraint(self) -> dict:
+        """response_format and tools as SamplingParams' guided_* fields."""
+        if self.tool_choice is not None and not self.tools:
+            raise bad_request("tool_choice needs tools", "tool_choice")
+        fmt = self.response_format
+        if self.parses_tool_calls:
+            if fmt is not None and fmt.type != "text":
+                raise bad_request("response_format and tools cannot constrain the same reply", "response_format")
+            choice = self.tool_choice or "auto"
+            try:
+                pattern = tool_format.call_regex(self.offered_tools(), choice if isinstance(choice, str)
+                                                 else choice.model_dump())
+            except ValueError as e:  # a schema outside the subset, or an unknown tool name
+                raise bad_request(f"tools: {e}", "tool_choice" if "tool_choice" in str(e) else "tools") from None
+            return {"guided_regex": pattern}
+        if fmt is None or fmt.type == "text":
+            return {}
+        if fmt.type == "json_object":
+            return {"guided_json_object": True}
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise bad_request("response_format of type json_schema needs json_schema.schema", "response_format")
+        return {"guided_json": fmt.json_schema.schema_}
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
-        """The completion budget the client asked for (None: up to the context) and its field name."""
+        """The completion budget the client asked for (None: up to the context) and its field name.
+        Two names for one limit: a request that gives both must give the same value."""
         if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise bad_request(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                                  f"({self.max_completion_tokens}) are two names for the same limit and differ; "
+                                  f"send one of them", "max_tokens")
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
     def request_field(self, name: str | None) -> str | None:
-        renamed = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": self.requested_max_tokens()[1]}
+        renamed = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": self.requested_max_tokens()[1],
+                   "guided_json": "response_format", "guided_json_object": "response_format"}
+        if self.parses_tool_calls:
+            renamed["guided_regex"] = "tools"
         return renamed.get(name, name)
 
     def to_sampling_params(self) -> SamplingParams:
@@ -155,7 +256,7 @@ class ChatCompletionRequest(SamplingFields):
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
         check_logprobs(self.top_logprobs, "top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.sampling_params(self.requested_max_tokens()[0], logprobs)
+        return self.sampling_params(self.requested_max_tokens()[0], logprobs, **self.constraint())
 
 
 def check_logprobs(value: int | None, param: str) -> None:

@@ -19,6 +19,7 @@ from itertools import accumulate
 from minillm.generation.sampling import TokenLogprobs
 from minillm.generation.tokenizer import Tokenizer
 from minillm.runtime.engine import StepOutput
+from minillm.serve import tools
 
 
 @dataclass
@@ -98,6 +99,10 @@ class ResponseBuilder:
 
 class ChatResponseBuilder(ResponseBuilder):
     object_name, chunk_object_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+    parse_tool_calls = False   # tools were offered: a reply that starts with "<" is a call
+
+    def tool_calls(self, c: Choice) -> list[dict] | None:
+        return tools.parse_calls(c.text) if self.parse_tool_calls and c.text.startswith("<") else None
 
     def start_chunks(self) -> list[dict]:
         """The first delta of every choice names the speaker."""
@@ -105,10 +110,20 @@ class ChatResponseBuilder(ResponseBuilder):
                              "finish_reason": None}]) for c in self.choices]
 
     def chunk_choice(self, c: Choice, text: str, entries: list[TokenLogprobs]) -> dict:
+        if self.parse_tool_calls and c.text.startswith("<"):   # a call is held back and sent whole
+            if c.finish_reason is None:
+                return {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": None}
+            if (calls := self.tool_calls(c)) is not None:
+                return {"index": c.index, "delta": {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]},
+                        "logprobs": self.logprobs(c.logprobs), "finish_reason": "tool_calls"}
+            text = c.text   # cut short (max_tokens): not a call after all, send what was held
         return {"index": c.index, "delta": {"content": text} if text else {}, "logprobs": self.logprobs(entries),
                 "finish_reason": c.finish_reason}
 
     def response_choice(self, c: Choice) -> dict:
+        if (calls := self.tool_calls(c)) is not None:
+            return {"index": c.index, "message": {"role": "assistant", "content": None, "tool_calls": calls},
+                    "logprobs": self.logprobs(c.logprobs), "finish_reason": "tool_calls"}
         return {"index": c.index, "message": {"role": "assistant", "content": c.text},
                 "logprobs": self.logprobs(c.logprobs), "finish_reason": c.finish_reason}
 

@@ -1,13 +1,15 @@
 """The HTTP routes: plain handlers reading the app's state (``request.app.state``), and the error handlers.
 
-A request's life: parse and validate the body (``protocol``, 400 on any problem) -> tokenize (chat:
-render the model's chat template first) -> hand it to the engine thread, whose engine checks it
-against its limits (``RequestRejected`` -> 400 naming the field) or answers 503 when the waiting
-queue is full -> stream each step's new text back as SSE chunks, or gather it into one response. A
+A request's life: parse and validate the body (``protocol``, 400 on any problem) -> the engine's
+checks that need no prompt (``n``, stop strings: before any work that grows with the request) ->
+tokenize (chat: render the model's chat template first), stopping as soon as the prompt cannot fit
+in the context -> hand it to the engine thread, whose engine checks it against its limits
+(``RequestRejected`` -> 400 naming the field) or answers 503 when the waiting queue is full -> stream each step's new text back as SSE chunks, or gather it into one response. A
 client that disconnects aborts its request, which frees its KV blocks at once.
 
 ``app.state`` holds: ``engine`` (the ``AsyncEngine``), ``metrics``, ``llm``, ``model_name``,
-``created`` (Unix time) and ``limits`` (the engine's ``stats()`` when the app was made).
+``created`` (Unix time), ``limits`` (the engine's ``stats()`` when the app was made) and
+``tokenizing`` (a semaphore: one prompt is tokenized at a time, see ``tokenized``).
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from minillm.generation.sampling import SamplingParams
-from minillm.runtime.errors import RequestRejected
+from minillm.generation.tokenizer import TooManyTokens
+from minillm.runtime.errors import CONTEXT_LENGTH_EXCEEDED, RequestRejected
+from minillm.serve import access_log
 from minillm.serve.async_engine import EngineFailure, RequestStream
 from minillm.serve.errors import APIError, bad_request, error_body
 from minillm.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
@@ -40,10 +45,10 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     arrival, state = time.perf_counter(), request.app.state
     body = await checked_body(request, CompletionRequest)
-    params = body.to_sampling_params()
+    params = checked_params(request, body)
     prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        prompt_ids = await run_in_threadpool(state.llm.tokenizer.encode, prompt)  # long prompts: keep the loop free
+    if isinstance(prompt, str):  # special tokens written in a raw prompt are parsed, as vLLM does
+        prompt_ids = await tokenized(request, body, state.llm.tokenizer.encode, prompt)
     else:
         prompt_ids = prompt
     return await generate(request, body, CompletionResponseBuilder, prompt_ids, params, arrival)
@@ -54,11 +59,8 @@ async def chat_completions(request: Request) -> Response:
     arrival, state = time.perf_counter(), request.app.state
     body = await checked_body(request, ChatCompletionRequest)
     messages = body.conversation()
-    params = body.to_sampling_params()
-    try:  # the model's chat template, then the tokenizer
-        prompt_ids = await run_in_threadpool(state.llm.chat_prompt, messages)
-    except ValueError as e:  # the template refused the conversation
-        raise bad_request(str(e), "messages") from None
+    params = checked_params(request, body)
+    prompt_ids = await tokenized(request, body, state.llm.chat_prompt, messages)  # the chat template, then BPE
     return await generate(request, body, ChatResponseBuilder, prompt_ids, params, arrival)
 
 
@@ -92,6 +94,15 @@ async def http_error(request: Request, e: HTTPException) -> Response:  # unknown
     return JSONResponse(error_body(message), status_code=e.status_code)
 
 
+class ClientGone(Exception):
+    """The client disconnected before its request was read whole."""
+
+
+async def client_gone(request: Request, e: ClientGone) -> Response:
+    log.info("%s %s: the client disconnected while sending its request", request.method, request.url.path)
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
 async def internal_error(request: Request, e: Exception) -> Response:
     log.exception("internal error")
     return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), status_code=500)
@@ -102,6 +113,7 @@ def install(app: FastAPI) -> None:
     app.include_router(router)
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(ClientGone, client_gone)
     app.add_exception_handler(Exception, internal_error)
 
 
@@ -109,10 +121,41 @@ def install(app: FastAPI) -> None:
 
 async def checked_body(request: Request, kind: type[SamplingFields]) -> SamplingFields:
     """The parsed body, for the model this server serves, with consistent stream options."""
-    body = parse_request(await request.body(), kind)
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # it left while sending: nothing to answer, nothing went wrong here
+        raise ClientGone() from None
+    body = parse_request(raw, kind)
     body.check_model(request.app.state.model_name)
     body.check_stream_options()
     return body
+
+
+def checked_params(request: Request, body: SamplingFields) -> SamplingParams:
+    """The sampling parameters, through the engine's checks that need no prompt."""
+    params = body.to_sampling_params()
+    try:
+        request.app.state.engine.check_params(params)
+    except RequestRejected as e:
+        raise body.rejection(e) from None
+    return params
+
+
+async def tokenized(request: Request, body: SamplingFields, encode, prompt) -> list[int]:
+    """``encode(prompt, max_tokens=...)`` off the event loop, stopped as soon as the prompt is too long
+    for the context (``TooManyTokens``, raised before any BPE when the text alone is too long)."""
+    limit = request.app.state.engine.max_model_len
+    try:
+        # One prompt at a time: BPE is Python holding the GIL, and many threads of it at once would
+        # starve the event loop (/health took seconds under 50 long prompts at once).
+        async with request.app.state.tokenizing:
+            return await run_in_threadpool(encode, prompt, max_tokens=limit - 1)  # >= 1 token stays for the reply
+    except TooManyTokens as e:
+        raise body.rejection(RequestRejected(f"This model's maximum context length is {limit} tokens, and the prompt "
+                                             f"does not fit: {e}. Please shorten the prompt.", "prompt",
+                                             CONTEXT_LENGTH_EXCEEDED)) from None
+    except ValueError as e:  # the chat template refused the conversation
+        raise bad_request(str(e), "messages") from None
 
 
 async def generate(request: Request, body: SamplingFields, builder_kind: type[ResponseBuilder],
@@ -121,6 +164,9 @@ async def generate(request: Request, body: SamplingFields, builder_kind: type[Re
     state = request.app.state
     builder = builder_kind(state.model_name, state.llm.tokenizer, params.n, len(prompt_ids),
                            params.logprobs is not None, body.include_usage)
+    if isinstance(body, ChatCompletionRequest) and body.parses_tool_calls:
+        builder.parse_tool_calls = True
+    access_log.track(request, builder)
     try:
         stream = await request.app.state.engine.submit(prompt_ids, params, builder.id, arrival)
     except RequestRejected as e:
@@ -146,7 +192,7 @@ async def sse_stream(stream: RequestStream, builder: ResponseBuilder):
         if builder.include_usage:
             yield sse_event(builder.usage_chunk())
     except EngineFailure as e:  # headers are sent already: the error travels as an event
-        yield sse_event(APIError(500, str(e)).body())
+        yield sse_event(APIError(e.status, str(e)).body())
     except Exception as e:
         log.exception("internal error in a stream")
         yield sse_event(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
@@ -179,5 +225,5 @@ async def gather(request: Request, stream: RequestStream, builder: ResponseBuild
     try:
         consumer.result()
     except EngineFailure as e:
-        raise APIError(500, str(e)) from None
+        raise APIError(e.status, str(e)) from None
     return builder.response()

@@ -337,3 +337,23 @@ def test_tiny_model_prefill_and_decode_match_the_reference_backend(rng):
                            model.forward(np.array([42]), decode, cache)]  # (1, V) each
     for got, want in zip(logits["cuda"], logits["reference"]):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=DOT_ATOL)
+
+
+def test_model_kernel_runs_take_their_shapes_from_the_config_and_compute_what_they_count():
+    """The kernel-benchmark runs are built from a ModelConfig: a tiny one gives tiny kernels whose
+    outputs equal the reference and whose FLOP counts follow from the config's shapes."""
+    from minillm.kernels import cuda_timing
+    from minillm.model.config import ModelConfig
+
+    config = ModelConfig(architecture="llama", n_layers=1, hidden_size=32, intermediate_size=48, n_heads=4,
+                         n_kv_heads=2, head_dim=8, rope_theta=10000.0, rope_style="half", rms_eps=1e-5,
+                         vocab_size=40, tied_embeddings=True, qk_norm=False, context_length=16)
+    runs = {run.name: run for run in cuda_timing.model_kernel_runs(config, tokens=3, context=5)}
+    linear = runs["linear fp32 32->48"]
+    assert linear.flops == 2 * 3 * 48 * 32
+    x, w = (a.copy_to_host() for a in linear.args)  # (3, 32), (48, 32)
+    np.testing.assert_allclose(linear.run().copy_to_host(), reference.linear(x, w), rtol=RTOL, atol=DOT_ATOL)
+    head = runs["lm head qlinear Q8_0 32->40"]
+    assert head.flops == 2 * 40 * 32
+    attention = runs["attention"]
+    assert attention.flops == 4 * 4 * 8 * (3 * 2 + 3 * 4 / 2)  # 4 FLOPs per (key seen, dim) per head, causal

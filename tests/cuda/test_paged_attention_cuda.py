@@ -1,6 +1,6 @@
 """The CUDA paged attention against the NumPy paged reference, on tiny shuffled-block layouts.
 
-The oracle is paged_attention_decode_reference / paged_attention_prefill_reference (gather each
+The oracle is reference.paged_attention_decode / reference.paged_attention_prefill (gather each
 sequence's blocks, then contiguous attention). Every cache slot no sequence owns holds NaN, and the
 padding entries of the block tables name a NaN block, so a kernel that reads past a sequence's last
 key, or follows a padding entry, returns NaN and fails. Under the simulator each (query, head) is a
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minillm.kernels.cuda as gpu
-from minillm.kernels.paged_attention import paged_attention_decode_reference, paged_attention_prefill_reference
+from minillm.kernels import reference
 
 pytestmark = pytest.mark.cuda
 
@@ -62,7 +62,7 @@ def test_paged_decode(rng, block_size, H, Hkv, Dh, context_lens, scale):
     lens = np.array(context_lens)
     got = gpu.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale)  # (B, H, Dh)
     assert got.shape == q.shape and got.dtype == np.float32
-    np.testing.assert_allclose(got, paged_attention_decode_reference(q, k_cache, v_cache, tables, lens, scale),
+    np.testing.assert_allclose(got, reference.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale),
                                rtol=RTOL, atol=DOT_ATOL)
 
 
@@ -80,7 +80,7 @@ def test_paged_prefill_chunks_on_cached_prefixes(rng, block_size, H, Hkv, Dh, co
     query_starts = np.concatenate([[0], np.cumsum(chunk_lens)])  # (B+1,)
     q = rng.standard_normal((query_starts[-1], H, Dh)).astype(np.float32)  # (N, H, Dh)
     got = gpu.paged_attention_prefill(q, k_cache, v_cache, tables, query_starts, context_lens)  # (N, H, Dh)
-    want = paged_attention_prefill_reference(q, k_cache, v_cache, tables, query_starts, context_lens)  # (N, H, Dh)
+    want = reference.paged_attention_prefill(q, k_cache, v_cache, tables, query_starts, context_lens)  # (N, H, Dh)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=DOT_ATOL)
 
 

@@ -1,0 +1,193 @@
+"""Speculative decoding: tokens/s and accepted length, speculative vs plain, on two workloads.
+
+    .venv/bin/python benchmarks/speculative.py            # the full run (16 + 8 prompts, 96 tokens each)
+    .venv/bin/python benchmarks/speculative.py --quick    # a smoke run (2 + 1 prompts, 24 tokens, 1 repeat)
+
+Workloads (chat-templated, greedy):
+- *input-grounded*: GROUNDED, summarise / rewrite / edit / refactor requests whose answers copy
+  spans of their input - where prompt lookup (n-gram drafting) finds its guesses;
+- *open-ended*: OPEN, stories and explanations with nothing to copy - where drafts mostly miss and
+  the engine must not get slower (it switches speculation off per sequence when acceptance falls).
+
+Contenders, each in a process of its own (benchmarks/common.py): minillm plain, minillm with
+``{"method": "ngram", "num_speculative_tokens": K}``, and where ``llama_cpp`` imports, llama.cpp
+plain and with its ``LlamaPromptLookupDecoding`` draft model. Each request's rate is its generated
+tokens over its wall time (prefill included, alike for all). "Single stream" runs the prompts one
+after another; "8 concurrent" (minillm only: llama-cpp-python serves one sequence) gives the
+engine all of them at once, 8 at a time. Goal: >= 1.8x single-stream on input-grounded, >= 0.95x
+on open-ended. Results: benchmarks/results/speculative.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from common import (SETTLE_SECONDS, Contender, default_threads, interleaved, ratios, save_result, start_workers,
+                    summarize)
+
+K = 4
+SOURCE = Path(__file__).resolve()
+
+PASSAGE = ("The city council met on Tuesday evening to discuss the new public library. After two hours of debate, "
+           "the members voted seven to two to approve a budget of four million euros. Construction will begin "
+           "in March and the library is expected to open in the autumn of next year.")
+CODE = ("def total_price(items, tax_rate):\n    total = 0\n    for item in items:\n        total += item.price * "
+        "item.quantity\n    return total * (1 + tax_rate)\n")
+GROUNDED = [
+    f"Repeat the following text exactly:\n\n{PASSAGE}",
+    f"Summarise this text in two sentences, reusing its words:\n\n{PASSAGE}",
+    f"Rewrite this text in the past tense:\n\n{PASSAGE}",
+    f"Replace 'library' with 'museum' in this text and write the whole text again:\n\n{PASSAGE}",
+    f"Rename the function total_price to compute_total and write the whole function again:\n\n{CODE}",
+    f"Add a docstring to this function and write the whole function again:\n\n{CODE}",
+    f"Rename the variable total to subtotal in this code and write it again:\n\n{CODE}",
+    f"Add type hints to this function and write it again:\n\n{CODE}",
+    "Fix the spelling and write the corrected sentence: The quick brown foxx jumpd over the lazzy dog near the "
+    "river bank on a sunny morning in early spring.",
+    "Turn this list into a numbered list, one item per line: apples, oranges, bananas, pears, grapes, lemons, "
+    "cherries, plums, peaches, and apricots.",
+    "Copy this address exactly: Mr John Smith, 42 Baker Street, Flat 3, London NW1 6XE, United Kingdom.",
+    "Write this sentence in uppercase: the meeting is moved from monday morning to thursday afternoon at three.",
+    "Quote the first sentence of this text: Water boils at one hundred degrees Celsius at sea level. At higher "
+    "altitudes it boils at a lower temperature because the air pressure is lower.",
+    "Extract the names from this sentence, as written: Alice Martin, Bob Chen and Carla Rossi met David Okafor "
+    "and Emma Schulz in Berlin.",
+    "Translate this JSON into YAML: {\"name\": \"minillm\", \"version\": \"0.1\", \"layers\": 30, \"heads\": 9, "
+    "\"license\": \"MIT\"}",
+    f"Answer using the text: when will construction begin?\n\n{PASSAGE}",
+]
+OPEN = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain why the sky is blue to a ten-year-old.",
+    "Give me five ideas for a birthday party.",
+    "What are the benefits of learning a second language?",
+    "Describe a perfect day at the beach.",
+    "Write a poem about autumn leaves.",
+    "How does a bicycle stay upright?",
+    "Tell me about the history of tea.",
+]
+
+
+class Minillm:
+    """minillm's engine, plain or speculative; every call runs on a fresh engine."""
+
+    def __init__(self, threads: int, speculative: dict | None = None):
+        import numba
+
+        import minillm
+
+        numba.set_num_threads(threads)
+        self.speculative = speculative
+        self.llm = minillm.LLM(speculative=speculative)
+
+    def stamp(self) -> dict:
+        import numba
+        from common import numba_target
+
+        return {"isa": numba_target()["isa"], "numba_threads": numba.get_num_threads(), "speculative": self.speculative}
+
+    def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
+        return [self.llm.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
+
+    def run(self, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
+        """{name: {tokens, seconds, tok_s, drafts, accepted}}: ``concurrency`` requests at a time."""
+        from minillm.generation.sampling import SamplingParams
+        from minillm.runtime.engine import LLMEngine
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        engine = LLMEngine(self.llm.model, self.llm.tokenizer, max_num_seqs=concurrency, speculative=self.speculative)
+        ids = self.prompt_ids(prompts)
+        start, tokens = time.perf_counter(), 0
+        for first in range(0, len(ids), concurrency):
+            requests = [engine.add_request(p, params) for p in ids[first:first + concurrency]]
+            while engine.has_unfinished():
+                engine.step()
+            tokens += sum(len(engine.pop_request(r).outputs[0].token_ids) for r in requests)
+        seconds = time.perf_counter() - start
+        s = engine.stats()
+        return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "drafts": s.spec_decode_num_drafts,
+                "draft_tokens": s.spec_decode_num_draft_tokens, "accepted": s.spec_decode_num_accepted_tokens}
+
+
+class LlamaCpp:
+    """llama-cpp-python, plain or with its prompt-lookup draft model, one request at a time."""
+
+    def __init__(self, threads: int, lookup: bool = False):
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from minillm.model.fetch import cached_model_path, fetch
+
+        self.llama_cpp, self.lookup = llama_cpp, lookup
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=K) if lookup else None
+        self.llm = llama_cpp.Llama(model_path=str(cached_model_path() or fetch()), n_threads=threads,
+                                   n_threads_batch=threads, n_ctx=2048, draft_model=draft, verbose=False)
+
+    def stamp(self) -> dict:
+        info = self.llama_cpp.llama_print_system_info().decode()
+        isa = "avx512" if "AVX512 = 1" in info else "avx2" if "AVX2 = 1" in info else "other"
+        return {"isa": isa, "prompt_lookup": self.lookup, "n_threads": self.llm.n_threads}
+
+    def run(self, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
+        if concurrency != 1:
+            return {}
+        start, tokens = time.perf_counter(), 0
+        for p in prompts:
+            out = self.llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=max_tokens,
+                                                  temperature=0.0)
+            tokens += out["usage"]["completion_tokens"]
+        seconds = time.perf_counter() - start
+        return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
+
+
+def contenders() -> list[Contender]:
+    spec = {"method": "ngram", "num_speculative_tokens": K}
+    return [Contender("minillm plain", "Minillm", {}, SOURCE),
+            Contender(f"minillm ngram k={K}", "Minillm", {"speculative": spec}, SOURCE),
+            Contender("llama.cpp plain", "LlamaCpp", {}, SOURCE),
+            Contender(f"llama.cpp prompt-lookup k={K}", "LlamaCpp", {"lookup": True}, SOURCE)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 + 1 prompts, 24 tokens, 1 repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=default_threads())
+    args = parser.parse_args()
+    grounded, open_ended = (GROUNDED[:2], OPEN[:1]) if args.quick else (GROUNDED, OPEN)
+    max_tokens, repeats = (24, 1) if args.quick else (96, args.repeats)
+    workers = {w.name: w for w in start_workers(contenders(), "native", args.threads)}
+    for worker in workers.values():  # compile and warm every path (prefill, decode, verify) before timing
+        worker.call("run", prompts=GROUNDED[:1], max_tokens=8, concurrency=1)
+    results = {"k": K, "max_tokens": max_tokens, "repeats": repeats, "quick": args.quick, "workloads": {}}
+    try:
+        for workload, prompts in (("input-grounded", grounded), ("open-ended", open_ended)):
+            for concurrency in (1, 8):
+                runs: dict[str, list] = {}
+                for _, name in interleaved(list(workers), repeats):
+                    time.sleep(SETTLE_SECONDS)  # the previous contender's threads stop spinning
+                    value, _ = workers[name].call("run", prompts=prompts, max_tokens=max_tokens,
+                                                  concurrency=concurrency)
+                    if value:                   # {}: the contender does not run this case
+                        runs.setdefault(name, []).append(value)
+                entry = {name: {"tok_s": summarize([r["tok_s"] for r in rs]), "runs": rs} for name, rs in runs.items()}
+                for name, rs in runs.items():
+                    if rs[0].get("drafts"):
+                        entry[name]["mean_accepted_length"] = 1 + rs[0]["accepted"] / rs[0]["drafts"]
+                medians = {name: e["tok_s"]["median"] for name, e in entry.items()}
+                results["workloads"].setdefault(workload, {})[f"concurrency {concurrency}"] = {
+                    "contenders": entry, "speedup_vs_minillm_plain": {
+                        name: medians[name] / medians["minillm plain"] for name in medians},
+                    "llama_cpp_lookup_vs_plain": ratios(
+                        {n: m for n, m in medians.items() if n.startswith("llama.cpp")},
+                        f"llama.cpp prompt-lookup k={K}") if f"llama.cpp prompt-lookup k={K}" in medians else None}
+                print(workload, concurrency, {n: round(m, 2) for n, m in medians.items()})
+    finally:
+        for worker in workers.values():
+            worker.close()
+    save_result("speculative", results)
+
+
+if __name__ == "__main__":
+    main()

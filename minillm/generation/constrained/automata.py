@@ -1,0 +1,321 @@
+"""Regex -> NFA (Thompson) -> DFA (subset construction) -> minimal DFA, over any integer alphabet.
+
+Symbols are integers and edges carry ranges of them, so the same three constructions serve two
+alphabets: Unicode code points (the DFA a person reads, chapter 11's drawings) and bytes (the DFA
+the token index walks: tokens of a byte-level BPE are byte strings, and one may end in the middle
+of a character). ``utf8_nfa`` rewrites a code-point NFA into a byte NFA by replacing each
+character range with the UTF-8 byte sequences that encode it.
+
+    nfa = thompson(parse(r"a[bc]*"))     # code points
+    dfa = minimize(determinize(nfa))     # the fewest states that accept the same language
+    dfa.fullmatch("abcb")                # True, exactly when re.fullmatch agrees
+    byte_dfa = compile_byte_dfa(r"a[bc]*")   # the same language, one byte at a time
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from minillm.generation.constrained.regex import Alternate, Chars, Concat, Repeat, parse
+
+DEAD = -1                # the transition to "no match possible any more"
+MAX_DFA_STATES = 20_000  # subset construction can blow up exponentially: refuse instead of hanging
+
+
+class AutomatonTooLarge(ValueError):
+    """The DFA would exceed MAX_DFA_STATES states."""
+
+
+# -----------------------------------------------------------------------------------------------
+# NFA: Thompson's construction
+
+
+@dataclass
+class NFA:
+    """States 0..n-1; ``edges[s]`` holds (lo, hi, target) symbol-range moves, ``eps[s]`` the targets
+    reached without reading anything. One start, one accepting state."""
+    edges: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    eps: list[list[int]] = field(default_factory=list)
+    start: int = 0
+    accept: int = 0
+
+    def add_state(self) -> int:
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    @property
+    def num_states(self) -> int:
+        return len(self.edges)
+
+
+def thompson(node) -> NFA:
+    """Thompson's construction: every node becomes a fragment with one entry and one exit state,
+    and fragments are wired together with epsilon moves."""
+    nfa = NFA()
+    nfa.start, nfa.accept = _fragment(nfa, node)
+    return nfa
+
+
+def _fragment(nfa: NFA, node) -> tuple[int, int]:
+    """Add `node`'s states to `nfa`; return its (entry, exit)."""
+    if isinstance(node, Chars):
+        entry, exit_ = nfa.add_state(), nfa.add_state()
+        nfa.edges[entry].extend((lo, hi, exit_) for lo, hi in node.ranges)
+        return entry, exit_
+    if isinstance(node, Concat):
+        entry = exit_ = nfa.add_state()
+        for part in node.parts:
+            a, b = _fragment(nfa, part)
+            nfa.eps[exit_].append(a)
+            exit_ = b
+        return entry, exit_
+    if isinstance(node, Alternate):
+        entry, exit_ = nfa.add_state(), nfa.add_state()
+        for option in node.options:
+            a, b = _fragment(nfa, option)
+            nfa.eps[entry].append(a)
+            nfa.eps[b].append(exit_)
+        return entry, exit_
+    if isinstance(node, Repeat):
+        # x{lo,hi} = lo copies of x, then (hi - lo) optional copies, or a star if hi is None.
+        entry = exit_ = nfa.add_state()
+        for _ in range(node.lo):
+            a, b = _fragment(nfa, node.node)
+            nfa.eps[exit_].append(a)
+            exit_ = b
+        if node.hi is None:                     # star: loop back, or skip
+            a, b = _fragment(nfa, node.node)
+            nfa.eps[exit_].append(a)
+            nfa.eps[b].append(a)
+            end = nfa.add_state()
+            nfa.eps[exit_].append(end)
+            nfa.eps[b].append(end)
+            return entry, end
+        end = nfa.add_state()
+        for _ in range(node.hi - node.lo):      # each optional copy may be the last
+            nfa.eps[exit_].append(end)
+            a, b = _fragment(nfa, node.node)
+            nfa.eps[exit_].append(a)
+            exit_ = b
+        nfa.eps[exit_].append(end)
+        return entry, end
+    raise TypeError(f"not a regex node: {node!r}")
+
+
+# -----------------------------------------------------------------------------------------------
+# Code points -> UTF-8 bytes
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """The code points lo..hi as a list of byte-range sequences: a code point (not a surrogate) is in
+    lo..hi exactly when its UTF-8 encoding matches one sequence (one byte range per byte)."""
+    out = []
+    # same encoded length within each piece; the surrogates D800-DFFF have no UTF-8 encoding
+    for limit_lo, limit_hi in ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xD7FF), (0xE000, 0xFFFF), (0x10000, 0x10FFFF)):
+        a, b = max(lo, limit_lo), min(hi, limit_hi)
+        if a <= b:
+            _split_same_length(a, b, out)
+    return out
+
+
+def _split_same_length(a: int, b: int, out: list) -> None:
+    n = len(chr(a).encode("utf-8"))
+    # A range is one byte-range sequence when, for each trailing byte, it spans either a single
+    # value or the whole continuation range 0x80..0xBF. Split until that holds.
+    for i in range(1, n):
+        mask = (1 << (6 * i)) - 1            # the bits of the last i continuation bytes
+        if a & ~mask != b & ~mask:           # a and b differ above those bytes
+            if a & mask:                     # a does not start a full block: peel its partial block
+                _split_same_length(a, a | mask, out)
+                _split_same_length((a | mask) + 1, b, out)
+                return
+            if b & mask != mask:             # b does not end a full block
+                _split_same_length(a, (b & ~mask) - 1, out)
+                _split_same_length(b & ~mask, b, out)
+                return
+    out.append(list(zip(chr(a).encode("utf-8"), chr(b).encode("utf-8"))))
+
+
+def utf8_nfa(nfa: NFA) -> NFA:
+    """The same language, read one UTF-8 byte at a time: each code-point range edge becomes chains
+    of byte-range edges (sharing the states that its chains share would be a further saving)."""
+    out = NFA(eps=[list(e) for e in nfa.eps], edges=[[] for _ in nfa.edges], start=nfa.start, accept=nfa.accept)
+    for s, edges in enumerate(nfa.edges):
+        for lo, hi, target in edges:
+            for seq in utf8_sequences(lo, hi):
+                at = s
+                for k, (blo, bhi) in enumerate(seq):
+                    nxt = target if k == len(seq) - 1 else out.add_state()
+                    out.edges[at].append((blo, bhi, nxt))
+                    at = nxt
+    return out
+
+
+# -----------------------------------------------------------------------------------------------
+# DFA
+
+
+@dataclass
+class DFA:
+    """A deterministic automaton over integer symbols.
+
+    The alphabet is cut into classes, intervals [boundaries[k], boundaries[k+1]) of symbols that
+    every state treats alike; ``table[state, class]`` is the next state or DEAD. Start is state 0.
+    """
+    boundaries: np.ndarray   # (C,) int64, the first symbol of each class; boundaries[0] == 0
+    table: np.ndarray        # (S, C) int32
+    accepting: np.ndarray    # (S,) bool
+
+    @property
+    def num_states(self) -> int:
+        return self.table.shape[0]
+
+    def symbol_class(self, symbol: int) -> int:
+        return bisect.bisect_right(self.boundaries, symbol) - 1
+
+    def step(self, state: int, symbol: int) -> int:
+        return DEAD if state == DEAD else int(self.table[state, self.symbol_class(symbol)])
+
+    def walk(self, symbols, state: int = 0) -> int:
+        for s in symbols:
+            state = self.step(state, s)
+            if state == DEAD:
+                break
+        return state
+
+    def fullmatch(self, text: str | bytes) -> bool:
+        """Accepts `text` (code points for a character DFA, bytes for a byte DFA)."""
+        symbols = text if isinstance(text, bytes) else map(ord, text)
+        state = self.walk(symbols)
+        return state != DEAD and bool(self.accepting[state])
+
+    def class_ranges(self, k: int) -> tuple[int, int]:
+        """The symbols of class k, as an inclusive range."""
+        hi = int(self.boundaries[k + 1]) - 1 if k + 1 < len(self.boundaries) else MAX_SYMBOL
+        return int(self.boundaries[k]), hi
+
+    def byte_table(self) -> np.ndarray:
+        """(S, 256) next state per byte value: the class lookup done once, for a byte DFA."""
+        classes = np.searchsorted(self.boundaries, np.arange(256), side="right") - 1   # (256,)
+        return self.table[:, classes]
+
+
+MAX_SYMBOL = 0x10FFFF
+
+
+def _epsilon_closure(nfa: NFA, states) -> frozenset[int]:
+    seen, stack = set(states), list(states)
+    while stack:
+        for t in nfa.eps[stack.pop()]:
+            if t not in seen:
+                seen.add(t)
+                stack.append(t)
+    return frozenset(seen)
+
+
+def determinize(nfa: NFA) -> DFA:
+    """Subset construction: a DFA state is the set of NFA states the input could have reached.
+
+    The alphabet classes come from the NFA's edge ends: between two consecutive ends every symbol
+    moves every NFA state alike, so the DFA only needs one column per class."""
+    cuts = sorted({0} | {lo for e in nfa.edges for lo, _, _ in e} | {hi + 1 for e in nfa.edges for _, hi, _ in e})
+    boundaries = np.array([c for c in cuts if c <= MAX_SYMBOL], dtype=np.int64)
+    index = {int(c): k for k, c in enumerate(boundaries)}
+    # each NFA edge as the run of classes it covers: (first class, last class, target)
+    moves = [[(index[lo], (index[hi + 1] if hi + 1 in index else len(boundaries)) - 1, t) for lo, hi, t in e]
+             for e in nfa.edges]
+    start = _epsilon_closure(nfa, [nfa.start])
+    ids, order, rows = {start: 0}, [start], []
+    closures: dict[frozenset[int], frozenset[int]] = {}
+    while len(rows) < len(order):
+        current = order[len(rows)]
+        targets: dict[int, set[int]] = {}
+        for s in current:
+            for c_lo, c_hi, t in moves[s]:
+                for c in range(c_lo, c_hi + 1):
+                    targets.setdefault(c, set()).add(t)
+        row = np.full(len(boundaries), DEAD, dtype=np.int32)
+        for c, ts in targets.items():
+            key = frozenset(ts)
+            if key not in closures:
+                closures[key] = _epsilon_closure(nfa, ts)
+            nxt = closures[key]
+            if nxt not in ids:
+                if len(ids) >= MAX_DFA_STATES:
+                    raise AutomatonTooLarge(f"the DFA would exceed {MAX_DFA_STATES} states")
+                ids[nxt] = len(order)
+                order.append(nxt)
+            row[c] = ids[nxt]
+        rows.append(row)
+    accepting = np.array([nfa.accept in s for s in order])
+    return DFA(boundaries, np.array(rows, dtype=np.int32).reshape(len(order), len(boundaries)), accepting)
+
+
+def minimize(dfa: DFA) -> DFA:
+    """The minimal DFA of the same language (Moore's partition refinement).
+
+    First drop the states from which no accepting state can be reached (their moves become DEAD,
+    so a DEAD transition always means "this prefix cannot be completed"). Then split blocks of
+    states until all states of a block agree on acceptance and on the block each class leads to;
+    each final block is one state. Classes whose columns end up identical are merged, and states
+    are numbered in breadth-first order from the start."""
+    table, accepting = dfa.table, dfa.accepting
+    live = _coreachable(table, accepting)
+    if not live[0]:   # the language is empty: one state, rejecting everything
+        return DFA(np.zeros(1, dtype=np.int64), np.full((1, 1), DEAD, dtype=np.int32), np.zeros(1, dtype=bool))
+    table = np.where((table >= 0) & live[np.maximum(table, 0)], table, DEAD)
+    block = accepting.astype(np.int64)
+    num_blocks = len(np.unique(block))
+    while True:  # refinement only ever splits blocks: an unchanged count means nothing split
+        succ = np.where(table >= 0, block[np.maximum(table, 0)], -1)                 # (S, C)
+        signature = np.concatenate([block[:, None], succ], axis=1)                   # (S, 1 + C)
+        _, new_block = np.unique(signature, axis=0, return_inverse=True)
+        if new_block.max() + 1 == num_blocks:
+            break
+        block, num_blocks = new_block.reshape(-1), int(new_block.max()) + 1
+    # one representative row per block, restricted to live states reachable from the start
+    reps = {}
+    for s in np.flatnonzero(live):
+        reps.setdefault(int(block[s]), int(s))
+    order, number = [int(block[0])], {int(block[0]): 0}
+    for b in order:
+        for t in table[reps[b]]:
+            if t >= 0 and int(block[t]) not in number:
+                number[int(block[t])] = len(order)
+                order.append(int(block[t]))
+    new_table = np.array([[number[int(block[t])] if t >= 0 else DEAD for t in table[reps[b]]] for b in order],
+                         dtype=np.int32).reshape(len(order), table.shape[1])
+    new_accepting = np.array([bool(accepting[reps[b]]) for b in order])
+    return _merge_classes(DFA(dfa.boundaries, new_table, new_accepting))
+
+
+def _coreachable(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """(S,) bool: an accepting state can be reached from the state."""
+    live = accepting.copy()
+    while True:
+        grown = live | ((table >= 0) & live[np.maximum(table, 0)]).any(axis=1)
+        if (grown == live).all():
+            return live
+        live = grown
+
+
+def _merge_classes(dfa: DFA) -> DFA:
+    """Adjacent classes with identical columns become one class."""
+    keep = [0] + [k for k in range(1, dfa.table.shape[1]) if not (dfa.table[:, k] == dfa.table[:, k - 1]).all()]
+    return DFA(dfa.boundaries[keep], np.ascontiguousarray(dfa.table[:, keep]), dfa.accepting)
+
+
+@lru_cache(maxsize=64)
+def compile_dfa(pattern: str) -> DFA:
+    """The minimal DFA over code points: what a person reads and draws."""
+    return minimize(determinize(thompson(parse(pattern))))
+
+
+@lru_cache(maxsize=64)
+def compile_byte_dfa(pattern: str) -> DFA:
+    """The minimal DFA over the UTF-8 bytes of the text: what the token index walks."""
+    return minimize(determinize(utf8_nfa(thompson(parse(pattern)))))

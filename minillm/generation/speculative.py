@@ -1,0 +1,163 @@
+"""Speculative decoding's two halves that need no cache: drafters, and the rules that accept drafts.
+
+A decode step streams every weight to produce one token per sequence; checking k guessed tokens in
+the same forward costs little more while the step is memory-bound. So a cheap *drafter* guesses k
+tokens, the target model scores all k + 1 positions at once, and an *acceptance rule* keeps the
+longest prefix the target agrees with, plus one token of the target's own:
+
+    context ... t        draft d0 d1 d2        target rows  r0 r1 r2 r3   (row j follows d_{j-1})
+    greedy:   keep d_j while d_j == argmax r_j; then append argmax r_j (the correction, or a bonus)
+
+Both rules here are *lossless*: greedy gives exactly the tokens greedy decoding gives, and the
+rejection-sampling rule (Leviathan et al. 2023; Chen et al. 2023) draws every token from exactly
+the target's distribution, whatever the drafter proposed.
+
+The drafter interface is one method, small enough to write your own::
+
+    class Drafter(Protocol):
+        def propose(self, token_ids: Sequence[int], k: int) -> list[int]: ...   # at most k guesses
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class Drafter(Protocol):
+    """Guesses the next tokens of a sequence from its token ids (prompt then output)."""
+
+    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
+        """At most ``k`` guesses for the tokens after ``token_ids``; fewer (or none) when unsure."""
+        ...
+
+
+# -----------------------------------------------------------------------------------------------
+# prompt lookup: the n-gram drafter
+
+
+def ngram_propose(token_ids: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
+    """Prompt-lookup decoding: the k tokens that followed the latest earlier occurrence of the last n.
+
+    Tries n = max_n first (a longer match is a better predictor), down to min_n. The occurrence
+    searched for must end before the last token (the suffix itself trivially matches), and the
+    latest one wins: nearby text predicts best. Answers that quote their input (summaries,
+    edits, code refactors, RAG) copy long spans, and every copied span is a run of right guesses.
+    """
+    if k < 1 or min_n < 1 or max_n < min_n:
+        raise ValueError(f"need k >= 1 and 1 <= min_n <= max_n, got k={k}, min_n={min_n}, max_n={max_n}")
+    ids = np.asarray(token_ids, dtype=np.int64)                          # (T,)
+    T = len(ids)
+    for n in range(min(max_n, T - 1), min_n - 1, -1):
+        suffix = ids[T - n:]                                             # (n,)
+        # windows[i] = ids[i:i+n] for every start i whose window ends before the last token
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:T - 1], n)  # (T - n, n)
+        starts = np.flatnonzero((windows == suffix).all(axis=1))         # matching start positions
+        if starts.size:
+            follow = starts[-1] + n                                      # the token after the latest match
+            return ids[follow:follow + k].tolist()
+    return []
+
+
+class NgramDrafter:
+    """``ngram_propose`` as a ``Drafter`` (vLLM's names: prompt_lookup_max / prompt_lookup_min)."""
+
+    def __init__(self, prompt_lookup_max: int = 4, prompt_lookup_min: int = 1):
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                             f"{prompt_lookup_min} and {prompt_lookup_max}")
+        self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
+
+    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
+        return ngram_propose(token_ids, k, self.max_n, self.min_n)
+
+
+# -----------------------------------------------------------------------------------------------
+# acceptance rules
+
+
+def greedy_accept(draft: Sequence[int], target_argmax: Sequence[int]) -> list[int]:
+    """The tokens greedy decoding would emit: the draft's longest prefix that matches, then the target's own.
+
+    ``target_argmax`` (k + 1,) is the target's argmax at each verified row: row j saw the draft's
+    first j tokens. The result has between 1 and k + 1 tokens; its last is always the target's.
+    """
+    if len(target_argmax) != len(draft) + 1:
+        raise ValueError(f"{len(draft)} draft tokens need {len(draft) + 1} target rows, got {len(target_argmax)}")
+    out = []
+    for guess, truth in zip(draft, target_argmax):
+        if guess != truth:
+            break
+        out.append(int(guess))
+    out.append(int(target_argmax[len(out)]))                             # the correction, or the bonus token
+    return out
+
+
+def accept_probability(p: np.ndarray, q: np.ndarray, token: int) -> float:
+    """min(1, p(x) / q(x)): the chance to keep draft token x drawn from q when the target says p."""
+    if q[token] <= 0:
+        raise ValueError(f"the draft proposed token {token}, to which its own distribution gives probability 0")
+    return float(min(1.0, p[token] / q[token]))
+
+
+def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """After a rejection, draw from max(0, p - q), normalised -> (V,).
+
+    Accepted mass plus this residual adds up to p exactly: P(x) = q(x) min(1, p/q) + (1 - beta)
+    r(x) with beta = sum min(p, q), and (1 - beta) r(x) = max(0, p(x) - q(x)).
+    """
+    r = np.maximum(0.0, np.asarray(p, dtype=np.float64) - np.asarray(q, dtype=np.float64))  # (V,)
+    total = r.sum()
+    if total <= 0:  # p == q: a rejection has probability 0, so this cannot be asked for
+        raise ValueError("p equals q, so no draft token can be rejected and there is no residual")
+    return r / total
+
+
+def sample_from(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from the probabilities p (V,), by inverting the CDF; a token of probability 0 never comes."""
+    cdf = np.cumsum(p)                                                   # (V,)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def accept_or_resample(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator) -> tuple[int, bool]:
+    """One verified row: keep draft ``token`` with probability min(1, p/q), else draw from the residual.
+
+    Returns (the token emitted at this position, whether it is the draft's).
+    """
+    if rng.random() < accept_probability(p, q, token):
+        return int(token), True
+    return sample_from(residual_distribution(p, q), rng), False
+
+
+def rejection_sample(draft: Sequence[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> list[int]:
+    """Speculative sampling: tokens distributed exactly as sampling from the target one by one.
+
+    ``draft`` (k,) was drawn from the draft distributions ``q`` (k, V); ``p`` (k + 1, V) are the
+    target's distributions at the k + 1 verified rows. Keep draft token j with probability
+    min(1, p_j / q_j); at the first rejection draw from the residual and stop; if every draft token
+    is kept, draw a bonus token from p_k. A deterministic drafter (n-gram, greedy draft) has q_j =
+    one-hot(d_j): keep with probability p_j(d_j), else draw from p_j with d_j removed.
+    """
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if q.shape != (len(draft), p.shape[-1]) or p.shape[0] != len(draft) + 1:
+        raise ValueError(f"{len(draft)} draft tokens need q ({len(draft)}, V) and p ({len(draft) + 1}, V); "
+                         f"got q {q.shape} and p {p.shape}")
+    out = []
+    for j, token in enumerate(draft):
+        emitted, accepted = accept_or_resample(p[j], q[j], token, rng)
+        out.append(emitted)
+        if not accepted:
+            return out
+    out.append(sample_from(p[-1], rng))                                  # every guess kept: a bonus token
+    return out
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E[tokens per verify step] when each draft token is accepted with probability alpha, independently.
+
+    Token j + 1 is emitted when the first j are accepted: sum_{j=0..k} alpha^j = (1 - alpha^(k+1)) / (1 - alpha).
+    """
+    if not 0 <= alpha <= 1 or k < 0:
+        raise ValueError(f"need 0 <= alpha <= 1 and k >= 0, got alpha={alpha}, k={k}")
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
