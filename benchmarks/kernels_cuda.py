@@ -6,7 +6,7 @@ For each context length: a decode step (1 new token over `context` keys) and a p
 tokens), every kernel of a layer plus the LM head. Each kernel runs on inputs already on the GPU
 (no PCIe copies in the times); PyTorch's equivalent runs on the very same device memory (shared
 through __cuda_array_interface__), and the two outputs are compared. Reported: median microseconds,
-achieved GB/s and GFLOP/s (minimum traffic and FLOP counts from minillm.kernels.cuda_timing), and
+achieved GB/s and GFLOP/s (minimum traffic and FLOP counts from minillm.kernels.cuda.timing), and
 torch_us / our_us (> 1: ours is faster). For the quantized linears PyTorch has no Q4_1/Q8_0 kernel:
 it runs the fp32 linear on the dequantized weights, i.e. what you would do without a fused kernel.
 Also the matmul ladder at 1024^3, the GPU's measured copy bandwidth and FP32 peak, and paged decode
@@ -25,9 +25,14 @@ import numpy as np
 
 from common import save_result
 from minillm.hardware.gpu import describe_gpu, device_bandwidth, event_seconds, fp32_peak_flops
-from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_quant, cuda_timing
-from minillm.kernels.cuda_paged_attention import paged_attention_gpu
-from minillm.kernels.cuda_setup import SIMULATOR, cuda_available, to_gpu
+from minillm.kernels.cuda import contiguous_attention as cuda_attention
+from minillm.kernels.cuda import basics as cuda_basics
+from minillm.kernels.cuda import matmul_ladder as cuda_matmul
+from minillm.kernels.cuda import ops as cuda_ops
+from minillm.kernels.cuda import quant as cuda_quant
+from minillm.kernels.cuda import timing as cuda_timing
+from minillm.kernels.cuda.paged_attention import paged_attention_gpu
+from minillm.kernels.cuda.setup import SIMULATOR, cuda_available, to_gpu
 from minillm.model.config import ModelConfig
 from minillm.model.fetch import cached_model_path, fetch
 

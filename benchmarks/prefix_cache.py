@@ -32,7 +32,7 @@ from common import save_result, seconds_per_call
 from minillm.generation.chat import render_chat
 from minillm.generation.sampling import SamplingParams
 from minillm.kernels import cpu
-from minillm.kernels.paged_attention import paged_attention_decode
+from minillm.kernels.cpu.paged_attention import paged_attention_decode
 from minillm.llm import load_tokenizer
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.loader import load_model

@@ -6,7 +6,7 @@
 Contenders, in two worker processes (benchmarks/common.py) with the same threads, so that OpenBLAS's
 spinning threads never share a process with Numba's; the two take turns case by case, three times
 (A, B, A, B, A, B), and the median of the three is reported:
-- minillm's process: qmatvec (minillm.kernels.quant.qmatvec on the packed blocks, Q4_1 layers, the
+- minillm's process: qmatvec (minillm.kernels.cpu.quant.qmatvec on the packed blocks, Q4_1 layers, the
   Q8_0 LM head) and numba fp32 (minillm.kernels.cpu.linear at T == 1, our fp32 matvec, on the
   dequantized weights);
 - the BLAS process: NumPy's w @ x on the same fp32 weights (built there from the same seed).
@@ -106,7 +106,8 @@ class Kernels:
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "blas": blas["name"] + " " + blas["version"]}
 
     def matvec(self, rows: int, cols: int, qtype: str, regime: str, samples: int, overflow: float) -> dict:
-        from minillm.kernels import cpu, quant
+        from minillm.kernels import cpu
+        from minillm.kernels.cpu import quant
 
         rng = np.random.default_rng(0)
         w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)  # (rows, cols)
@@ -123,7 +124,7 @@ class Kernels:
                 "numba_fp32": best_seconds(cycling(lambda m: cpu.linear(x[None, :], m), fp32), n_f, samples)}
 
     def batched(self, rows: int, cols: int, qtype: str, T: int, samples: int) -> dict:
-        from minillm.kernels import quant
+        from minillm.kernels.cpu import quant
 
         rng = np.random.default_rng(T)
         qm = quant.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qtype)

@@ -23,7 +23,7 @@ from pathlib import Path
 from common import ROOT, RESULTS, save_result
 
 from minillm.generation.tokenizer import Tokenizer
-from minillm.kernels.quant import BLOCK_BYTES, BLOCK_SIZE
+from minillm.kernels.cpu.quant import BLOCK_BYTES, BLOCK_SIZE
 from minillm.model.config import ModelConfig
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.gguf import GGUFFile

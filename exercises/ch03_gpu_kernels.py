@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32  # noqa: F401  (your kernels need them)
 
-from minillm.kernels.cuda_setup import FULL_MASK, WARP, blocks_for, empty_gpu, threads_for, to_gpu  # noqa: F401
+from minillm.kernels.cuda.setup import FULL_MASK, WARP, blocks_for, empty_gpu, threads_for, to_gpu  # noqa: F401
 
 REFERENCE = {
     "vector_add": "minillm.kernels.cuda.vector_add",

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.kernels.quant import QMatrix
+from minillm.kernels.cpu.quant import QMatrix
 
 # The package objects these stubs mirror (read them after you have tried).
 REFERENCE = {
-    "dequantize_q4_1": "minillm.kernels.quant.dequantize_q4_1",
-    "qmatvec": "minillm.kernels.quant.qmatvec",
+    "dequantize_q4_1": "minillm.kernels.cpu.quant.dequantize_q4_1",
+    "qmatvec": "minillm.kernels.cpu.quant.qmatvec",
     "quantize_kv_int8": "minillm.kernels.quant_kv.quantize_kv_int8",
     "dequantize_kv_int8": "minillm.kernels.quant_kv.dequantize_kv_int8",
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.kernels.quant import QMatrix
+from minillm.kernels.cpu.quant import QMatrix
 from minillm.model.kv_cache import AttentionMetadata, KVCache
 from minillm.model.layers import LayerContext, LayerWeights
 

@@ -23,7 +23,7 @@ REFERENCE = {
     "BlockPool": "minillm.runtime.block_manager.BlockPool",
     "slot_mapping": "minillm.runtime.block_manager.slot_mapping",
     "hash_block": "minillm.runtime.block_manager.hash_block",
-    "paged_attention_decode": "minillm.kernels.paged_attention.paged_attention_decode",
+    "paged_attention_decode": "minillm.kernels.cpu.paged_attention.paged_attention_decode",
 }
 
 # The functions each task (pytest marker) grades: course.check(marker) runs its tests.

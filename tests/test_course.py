@@ -192,10 +192,10 @@ def test_show_solution_prints_the_package_source_under_a_heading(capsys):
 
 def test_show_prints_package_source_numba_kernels_and_methods_included(capsys):
     from minillm.hardware.roofline import Roofline
-    from minillm.kernels import cpu_matmul
+    from minillm.kernels.cpu import matmul_ladder as cpu_matmul
     course.show(cpu_matmul._tile_4x4, Roofline.plot)
     out = capsys.readouterr().out
-    assert out.startswith("minillm.kernels.cpu_matmul._tile_4x4\n")
+    assert out.startswith("minillm.kernels.cpu.matmul_ladder._tile_4x4\n")
     assert inspect.getsource(cpu_matmul._tile_4x4.py_func) in out
     assert "minillm.hardware.roofline.Roofline.plot\n" in out and inspect.getsource(Roofline.plot) in out
 
@@ -298,7 +298,8 @@ def test_exercises_backend_takes_written_kernels_that_agree(monkeypatch):
     assert ops.tasks["ch02_softmax"] == ops.owners["softmax"] and ops.tasks["ch04_quant_matvec"] == "yours (ch04_quant_matvec)"
     assert ops.owners["qlinear"] == ("decode: yours (ch04_quant_matvec); "
                                      "prefill: yours (ch04_q4_1_dequantize)")
-    from minillm.kernels import quant, reference
+    from minillm.kernels import reference
+    from minillm.kernels.cpu import quant
     rng = np.random.default_rng(1)
     qm = quant.quantize(rng.standard_normal((96, 64)).astype(np.float32), "Q4_1")
     for rows in (1, 2, 7):  # both the matvec and the dequantize paths, against the NumPy spec

@@ -194,7 +194,7 @@ def test_observe_sees_every_plan_before_its_forward(parts, prompt_ids):
     ([], GREEDY, "prompt", None, "prompt is empty"),
     ([1, 2, 10**9], GREEDY, "prompt", None, "outside the vocabulary"),
     ([1, 2], SamplingParams(stop_token_ids=[10**9]), "stop_token_ids", None, "outside the vocabulary"),
-    ([1, 2], SamplingParams(n=5), "n", None, "n = 5 exceeds this engine's max_num_seqs (4)"),
+    ([1, 2], SamplingParams(n=5), "n", None, "n = 5 exceeds this engine's limit of 4 completions per request"),
     ([1] * 400, GREEDY, "prompt", "context_length_exceeded", "maximum context length is 400 tokens"),
     ([1] * 390, GREEDY, "max_tokens", "context_length_exceeded", "you requested 402 tokens"),
 ])

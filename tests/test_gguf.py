@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 
-from minillm.kernels.quant import QMatrix, quantize
+from minillm.kernels.cpu.quant import QMatrix, quantize
 from minillm.model.gguf import GGUFError, GGUFFile, GGUFValue, write_gguf
 
 VALUE_TYPE_NAMES = {GGUFValueType.UINT8: "u8", GGUFValueType.INT8: "i8", GGUFValueType.UINT16: "u16",

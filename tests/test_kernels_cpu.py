@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minillm.kernels import cpu, cpu_rows, reference, registry
-from minillm.kernels.quant import dequantize_reference, quantize
+from minillm.kernels import cpu, reference, registry
+from minillm.kernels.cpu import rows as cpu_rows
+from minillm.kernels.cpu.quant import dequantize_reference, quantize
 
 D, FFN, H, HKV, DH, THETA = 576, 1536, 9, 3, 64, 100000.0
 
@@ -414,7 +415,7 @@ def test_cuda_backend_is_listed_only_when_it_can_run():
 
 
 def test_both_register_tiles_equal_numpy():
-    from minillm.kernels import cpu_matmul
+    from minillm.kernels.cpu import matmul_ladder as cpu_matmul
 
     rng = np.random.default_rng(7)
     a, bt = rng.standard_normal((4, 37)).astype(np.float32), rng.standard_normal((4, 37)).astype(np.float32)
@@ -430,7 +431,7 @@ def test_the_avx2_code_path_takes_the_small_tile_and_still_multiplies_right():
     import subprocess
     import sys
 
-    code = ("import numpy as np; from minillm.kernels import cpu_matmul as m\n"
+    code = ("import numpy as np; from minillm.kernels.cpu import matmul_ladder as m\n"
             "assert m.TILE_ROWS == 2, m.TILE_ROWS\n"
             "rng = np.random.default_rng(0)\n"
             "for M, N, K in ((1, 1, 1), (7, 9, 33), (64, 130, 576)):\n"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minillm.kernels import reference
-from minillm.kernels.paged_attention import paged_attention_decode, paged_attention_prefill, write_kv
+from minillm.kernels.cpu.paged_attention import paged_attention_decode, paged_attention_prefill, write_kv
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from minillm.kernels.quant import QMatrix
+from minillm.kernels.cpu.quant import QMatrix
 from minillm.model.config import ModelConfig
 from minillm.model.gguf import GGUFFile, write_gguf
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache

@@ -11,8 +11,9 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from minillm.kernels import quant, reference
-from minillm.kernels.quant import BLOCK_BYTES, QMatrix
+from minillm.kernels import reference
+from minillm.kernels.cpu import quant
+from minillm.kernels.cpu.quant import BLOCK_BYTES, QMatrix
 
 # Random bytes hold nan and inf scales on purpose; NumPy warns when it multiplies them.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning")

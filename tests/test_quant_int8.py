@@ -1,4 +1,4 @@
-"""Integer mode (quant_int8.py) against a NumPy model of its arithmetic, and against exact fp32.
+"""Integer mode (cpu/quant_int8.py) against a NumPy model of its arithmetic, and against exact fp32.
 
 - quantize_activations: equal, bit for bit, to the NumPy model below (the same float32 operations);
 - the integer part: each block's sum of q_w q_x is an exact integer, so the kernel's result must
@@ -14,8 +14,9 @@ import pytest
 from test_quant import QTYPES, SMOLLM2_SHAPES, oracle_dequantize, realistic_qmatrix
 
 from minillm.hardware.machine import compile_target
-from minillm.kernels import quant, quant_int8
-from minillm.kernels.quant_repack import ROWS_PER_GROUP, repack
+from minillm.kernels.cpu import quant
+from minillm.kernels.cpu import quant_int8
+from minillm.kernels.cpu.quant_repack import ROWS_PER_GROUP, repack
 
 SHAPES = [(1, 32), (1, 576), (3, 64), (7, 96), (13, 32), (17, 576), *SMOLLM2_SHAPES]
 T_VALUES = (1, 2, 3, 4, 5, 17, 64)

@@ -1,4 +1,4 @@
-"""Repacked weights (quant_repack.py) and the exact-mode SIMD matvec (quant_fp32.py) against the oracle.
+"""Repacked weights (cpu/quant_repack.py) and the exact-mode SIMD matvec (cpu/quant_fp32.py) against the oracle.
 
 - the layout: every code, scale and minimum lands where the module docstring says, compared with
   the `gguf` package's dequantization (w = d q + m for every weight);
@@ -13,9 +13,11 @@ import pytest
 from test_quant import QTYPES, SMOLLM2_SHAPES, assert_close_to_matmul, oracle_dequantize, realistic_qmatrix
 
 from minillm.hardware.machine import compile_target
-from minillm.kernels import quant, quant_fp32, reference
-from minillm.kernels.quant import QMatrix
-from minillm.kernels.quant_repack import CODE_BYTES, ROWS_PER_GROUP, RepackedMatrix, repack
+from minillm.kernels import reference
+from minillm.kernels.cpu import quant
+from minillm.kernels.cpu import quant_fp32
+from minillm.kernels.cpu.quant import QMatrix
+from minillm.kernels.cpu.quant_repack import CODE_BYTES, ROWS_PER_GROUP, RepackedMatrix, repack
 
 SHAPES = [(1, 32), (1, 576), (3, 64), (7, 96), (13, 32), (17, 576), *SMOLLM2_SHAPES]
 T_VALUES = (1, 2, 3, 4, 5, 17, 64)

@@ -359,7 +359,7 @@ MALFORMED = [
     ("POST", "/v1/chat/completions", {"messages": QUESTION, "max_tokens": -5}, 400, "max_tokens must be"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "content"),
     ("POST", "/v1/chat/completions", {"messages": QUESTION, "stop_token_ids": [10**9]}, 400, "outside the vocabulary"),
-    ("POST", "/v1/completions", {"prompt": "word " * 6000}, 400, "maximum context length"),
+    ("POST", "/v1/completions", {"prompt": "word " * 9000}, 400, "maximum context length"),
     ("POST", "/v1/completions", {"prompt": [1, 2, -7]}, 400, "outside the vocabulary"),
     ("POST", "/v1/completions", {"prompt": ["one", "two"]}, 400, "one prompt per request"),
     ("POST", "/v1/completions", {"prompt": ""}, 400, "prompt is empty"),

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding
 
-from minillm.kernels.quant import QMatrix, quantize
+from minillm.kernels.cpu.quant import QMatrix, quantize
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.gguf import write_gguf

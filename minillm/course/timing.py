@@ -20,7 +20,8 @@ D, F, H, HKV, DH, VOCAB, CONTEXT, CHUNK, BLOCK = 576, 1536, 9, 3, 64, 49152, 512
 
 def _inputs() -> dict[str, Callable[[], tuple]]:
     """task -> a function making fresh arguments for one call (fresh: some kernels work in place)."""
-    from minillm.kernels import quant, reference
+    from minillm.kernels import reference
+    from minillm.kernels.cpu import quant
 
     rng = np.random.default_rng(0)
     f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731

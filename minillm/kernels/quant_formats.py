@@ -62,7 +62,7 @@ class QMatrix:
         return 8 * BLOCK_BYTES[self.qtype] / BLOCK_SIZE
 
     def dequantize(self) -> np.ndarray:
-        from minillm.kernels.quant import dequantize  # the Numba kernel; quant.py imports this module
+        from minillm.kernels.cpu.quant import dequantize  # the Numba kernel; cpu/quant.py imports this module
 
         return dequantize(self)
 

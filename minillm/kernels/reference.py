@@ -1,7 +1,7 @@
 """The specification: every operator of a decoder-only transformer, in plain NumPy.
 
 Written to be read, not to be fast. Each function is the definition the fast kernels (Numba CPU
-in cpu.py, Numba CUDA in cuda.py) are tested against, and the "reference" backend of the
+in cpu/__init__.py, Numba CUDA in cuda/__init__.py) are tested against, and the "reference" backend of the
 registry runs a whole model on them: this module holds every operator of registry.OPS, the
 quantized and paged ones included, under the names the other backends use. Arrays are float32; weights are stored (out, in) as in
 Hugging Face and GGUF files. Shapes use T tokens, D hidden size, F feed-forward size, H query

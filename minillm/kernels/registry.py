@@ -21,7 +21,7 @@ from types import ModuleType
 import numpy as np
 
 from minillm.kernels import cpu, reference
-from minillm.kernels.quant import QMatrix
+from minillm.kernels.cpu.quant import QMatrix
 
 OPS = (
     "matmul", "linear", "embedding", "rms_norm", "rope_table", "rope", "silu", "swiglu", "softmax",
@@ -144,7 +144,7 @@ def learner_module(chapter_module: str) -> ModuleType:
 def _probes() -> dict[str, tuple]:
     """Small inputs on which each learner function must agree with the reference:
     exercise function -> (args, reference result)."""
-    from minillm.kernels import quant
+    from minillm.kernels.cpu import quant
 
     rng = np.random.default_rng(0)
     f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
@@ -196,7 +196,7 @@ def _learner_qlinear(qmatvec, dequantize_q4_1):
     """qlinear from chapter 04's pieces (either may be None: the package's then), dispatched as
     quant.qlinear does: Q4_1 weights through qmatvec row by row for T <= MATVEC_ROWS_MAX_T, else
     x @ dequantize_q4_1(W).T; other formats (the Q8_0 LM head) through the package's qlinear."""
-    from minillm.kernels import quant
+    from minillm.kernels.cpu import quant
 
     def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
         if qm.qtype != "Q4_1":

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.kernels.quant import QMatrix
-from minillm.kernels.quant_repack import check_activations, repack
+from minillm.kernels.cpu.quant import QMatrix
+from minillm.kernels.cpu.quant_repack import check_activations, repack
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.gguf import GGUFFile

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.kernels import quant
+from minillm.kernels.cpu import quant
 from minillm.kernels.quant_kv import dequantize_kv_int8, kv_bytes_per_vector, quantize_kv_int8
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig

@@ -10,7 +10,7 @@ up to one block per sequence.
     sequence "b" (16 tokens)   block table [7]           slot = block * block_size + offset
 
 Three ideas ride on the block tables, all bookkeeping - no K/V moves here (``PagedKVCache`` in
-paged_cache.py holds the arrays, ``kernels/paged_attention.py`` reads them):
+paged_cache.py holds the arrays, ``kernels/cpu/paged_attention.py`` reads them):
 
 - **Reference counts.** A block may sit in several tables at once; it returns to the free pool
   when the last table lets go of it.

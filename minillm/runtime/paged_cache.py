@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minillm.kernels.paged_attention import write_kv
+from minillm.kernels.cpu.paged_attention import write_kv
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata
 from minillm.runtime.block_manager import slot_mapping

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from minillm.generation.sampling import SamplingParams
 from minillm.runtime.errors import RequestRejected
@@ -59,6 +59,13 @@ class ChatMessage(Strict):
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule; the template ignores it
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def content_unless_calling_tools(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant message with tool_calls "
+                             "may leave it out)")
+        return self
 
     def as_dict(self) -> dict:
         content = self.content if isinstance(self.content, str) or self.content is None else \

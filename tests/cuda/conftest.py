@@ -7,7 +7,7 @@ imported (`make test-cuda` does this):
 """
 import pytest
 
-from minillm.kernels.cuda_setup import cuda_available
+from minillm.kernels.cuda.setup import cuda_available
 
 
 @pytest.fixture(autouse=True, scope="session")

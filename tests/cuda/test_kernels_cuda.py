@@ -16,7 +16,7 @@ import pytest
 
 import minillm.kernels.cuda as gpu
 from minillm.kernels import reference
-from minillm.kernels.quant import dequantize_reference, quantize
+from minillm.kernels.cpu.quant import dequantize_reference, quantize
 
 pytestmark = pytest.mark.cuda
 
@@ -225,7 +225,12 @@ def kernel_signatures() -> dict:
     """Each kernel with the argument types its host wrapper launches it with."""
     import numba.cuda.types as t
 
-    from minillm.kernels import cuda_attention, cuda_basics, cuda_matmul, cuda_ops, cuda_paged_attention, cuda_quant
+    from minillm.kernels.cuda import contiguous_attention as cuda_attention
+    from minillm.kernels.cuda import basics as cuda_basics
+    from minillm.kernels.cuda import matmul_ladder as cuda_matmul
+    from minillm.kernels.cuda import ops as cuda_ops
+    from minillm.kernels.cuda import paged_attention as cuda_paged_attention
+    from minillm.kernels.cuda import quant as cuda_quant
 
     f1, f2, f3, f4 = t.float32[::1], t.float32[:, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1]
     i1, u2, h2, n2 = t.int64[::1], t.uint8[:, ::1], t.float16[:, ::1], t.int32[:, ::1]
@@ -342,7 +347,7 @@ def test_tiny_model_prefill_and_decode_match_the_reference_backend(rng):
 def test_model_kernel_runs_take_their_shapes_from_the_config_and_compute_what_they_count():
     """The kernel-benchmark runs are built from a ModelConfig: a tiny one gives tiny kernels whose
     outputs equal the reference and whose FLOP counts follow from the config's shapes."""
-    from minillm.kernels import cuda_timing
+    from minillm.kernels.cuda import timing as cuda_timing
     from minillm.model.config import ModelConfig
 
     config = ModelConfig(architecture="llama", n_layers=1, hidden_size=32, intermediate_size=48, n_heads=4,

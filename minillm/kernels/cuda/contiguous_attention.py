@@ -21,8 +21,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from minillm.kernels.cuda_basics import warp_sum
-from minillm.kernels.cuda_setup import WARP, blocks_for, empty_gpu, to_gpu
+from minillm.kernels.cuda.basics import warp_sum
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, to_gpu
 from minillm.kernels.shapes import check_attention, check_attention_decode
 
 MAX_HEAD_DIM = 256
@@ -32,7 +32,7 @@ KEYS_PER_WARP = 16  # launch a warp per this many keys (up to MAX_WARPS): no war
 
 
 # -----------------------------------------------------------------------------
-# The three steps of one block's work, as device functions: the paged kernel (cuda_paged_attention.py)
+# The three steps of one block's work, as device functions: the paged kernel (cuda/paged_attention.py)
 # runs the same steps and differs only in where it finds key s.
 
 @cuda.jit(device=True)

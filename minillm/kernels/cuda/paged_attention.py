@@ -5,7 +5,7 @@ tokens sit in the blocks its block table lists, in order, so token t of sequence
 
     block_tables[b, t // block_size], offset t % block_size
 
-This kernel runs the steps of the attention kernel of cuda_attention.py (the same device
+This kernel runs the steps of the attention kernel of cuda/contiguous_attention.py (the same device
 functions) with one change - the address of key s.
 Block (i, h) computes query row i, head h: its warps share out the keys (warp w takes keys
 w, w + n_warps, ...), its lanes the head dimensions, and each warp keeps the online softmax
@@ -14,7 +14,7 @@ a warp looks up its block in the table - one int32 load, the same for all 32 lan
 reads the key row from that block: still one coalesced read of Dh consecutive floats. No gather:
 the keys are never copied into a contiguous buffer.
 
-One kernel serves decode and prefill, as the Numba kernel of paged_attention.py does: row i knows
+One kernel serves decode and prefill, as the Numba kernel of cpu/paged_attention.py does: row i knows
 its sequence, query_seq[i], and how many keys it sees, query_keys[i] (decode: all of them;
 prefill: its position + 1, which makes the chunk causal). Grouped-query attention reads kv head
 h // (H // Hkv).
@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from minillm.kernels.cuda_attention import (
+from minillm.kernels.cuda.contiguous_attention import (
     DIMS_PER_LANE,
     KEYS_PER_WARP,
     MAX_WARPS,
@@ -51,7 +51,7 @@ from minillm.kernels.cuda_attention import (
     load_query,
     merge_warps,
 )
-from minillm.kernels.cuda_setup import WARP, blocks_for, empty_gpu, to_gpu
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, to_gpu
 from minillm.kernels.shapes import paged_decode_rows, paged_prefill_rows
 
 

@@ -17,8 +17,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from minillm.kernels.cuda_basics import block_max, block_sum
-from minillm.kernels.cuda_setup import MAX_THREADS, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.cuda.basics import block_max, block_sum
+from minillm.kernels.cuda.setup import MAX_THREADS, blocks_for, empty_gpu, threads_for, to_gpu
 from minillm.kernels.shapes import check_embedding, check_rms_norm, check_rope, check_swiglu
 
 ELEMENTWISE_THREADS = 256

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from minillm.kernels.cuda_basics import warp_sum
-from minillm.kernels.cuda_setup import WARP, blocks_for, empty_gpu, to_gpu
+from minillm.kernels.cuda.basics import warp_sum
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, to_gpu
 from minillm.kernels.shapes import check_linear, check_matmul
 
 # -----------------------------------------------------------------------------------------------

@@ -16,13 +16,13 @@ from typing import Callable
 
 import numpy as np
 
-from minillm.kernels.cuda_attention import attention_gpu
-from minillm.kernels.cuda_basics import reduce_sum_gpu, vector_add_gpu
-from minillm.kernels.cuda_matmul import linear_gpu, matmul_naive_gpu, matmul_register_tiled_gpu, matmul_tiled_gpu
-from minillm.kernels.cuda_ops import embedding_gpu, rms_norm_gpu, rope_gpu, softmax_gpu, swiglu_gpu
-from minillm.kernels.cuda_quant import GPUQMatrix, qlinear_gpu
-from minillm.kernels.cuda_setup import to_gpu
-from minillm.kernels.quant import quantize
+from minillm.kernels.cuda.contiguous_attention import attention_gpu
+from minillm.kernels.cuda.basics import reduce_sum_gpu, vector_add_gpu
+from minillm.kernels.cuda.matmul_ladder import linear_gpu, matmul_naive_gpu, matmul_register_tiled_gpu, matmul_tiled_gpu
+from minillm.kernels.cuda.ops import embedding_gpu, rms_norm_gpu, rope_gpu, softmax_gpu, swiglu_gpu
+from minillm.kernels.cuda.quant import GPUQMatrix, qlinear_gpu
+from minillm.kernels.cuda.setup import to_gpu
+from minillm.kernels.cpu.quant import quantize
 from minillm.kernels.reference import rope_table
 
 

@@ -8,13 +8,13 @@ of one tile at a time (64 floats) is all that exists, in L1.
 Grouped-query attention is done by indexing: query head h reads kv head h // group. K and V are
 never repeated in memory, and a kv head's keys are loaded once for all the query heads it serves.
 
-Numba's cache=True does not notice when fast_exp (in cpu_rows.py) changes: after editing it,
+Numba's cache=True does not notice when fast_exp (in cpu/rows.py) changes: after editing it,
 delete minillm/kernels/__pycache__/cpu_attention*.nb* so these kernels recompile.
 """
 import numpy as np
 from numba import njit, prange
 
-from minillm.kernels.cpu_rows import KERNEL, fast_exp, float32_max
+from minillm.kernels.cpu.rows import KERNEL, fast_exp, float32_max
 
 SPLIT_MIN_KEYS = 256   # decode: a kv head's keys are split into chunks of at least this many per job
 QUERY_TILE = 32        # prefill: queries per job (rows of the score tile)

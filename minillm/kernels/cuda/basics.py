@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from minillm.kernels.cuda_setup import FULL_MASK, MAX_THREADS, WARP, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.cuda.setup import FULL_MASK, MAX_THREADS, WARP, blocks_for, empty_gpu, threads_for, to_gpu
 
 # -----------------------------------------------------------------------------------------------
 # Vector add: one thread per element

@@ -1,4 +1,4 @@
-"""Exact mode: the decode matvec on repacked weights (quant_repack.py), activations in fp32.
+"""Exact mode: the decode matvec on repacked weights (cpu/quant_repack.py), activations in fp32.
 
 For a row group (R rows) and one block b, with x the block's 32 activations:
 
@@ -22,7 +22,7 @@ NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""), microseconds and GB/s of packed b
 
 The loop is compute-bound, not memory-bound (one core reads ~10 GB/s from L3 and far more from
 L2): per 32 weights it issues two byte-to-dword widenings, two conversions, a multiply and two
-FMAs. quant_int8.py halves that work.
+FMAs. cpu/quant_int8.py halves that work.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from minillm.kernels import quant_llvm as L
-from minillm.kernels.quant_repack import RepackedMatrix
+from minillm.kernels.cpu import quant_llvm as L
+from minillm.kernels.cpu.quant_repack import RepackedMatrix
 
 Q8_0_CODE, Q4_CODE = 0, 1  # how a block's codes unpack: int8, or two nibbles (Q4_0 and Q4_1 alike)
 QTYPE_CODES = {"Q8_0": Q8_0_CODE, "Q4_0": Q4_CODE, "Q4_1": Q4_CODE}

@@ -4,7 +4,7 @@ Each operator reads its input once and writes its output once (NumPy's version o
 makes five passes over memory: square, mean, sqrt, divide, scale). Each comes as a per-row
 function and two drivers: a serial one for the small decode shapes, where starting the
 threads (a few microseconds) would cost more than the work, and a prange one for prefill.
-cpu.py picks between them with PARALLEL_MIN_ELEMENTS.
+cpu/__init__.py picks between them with PARALLEL_MIN_ELEMENTS.
 
 fastmath: the flags below let LLVM reorder additions (so sums vectorise) and use FMAs, but
 keep IEEE infinities and NaNs meaningful (no "ninf"/"nnan"), because softmax must accept

@@ -15,7 +15,7 @@ instructions (Arm, SSE) get the same arithmetic as generic vector IR - widen, mu
 The only rounding is the activations' (and fp32 sums, as in exact mode): the quality cost is
 measured against exact mode, not assumed (model/quality.py; chapter 04 prints it).
 
-Measured (same setup as quant_fp32.py: one thread, best of 25, Q4_1 1536 x 576 in cache):
+Measured (same setup as cpu/quant_fp32.py: one thread, best of 25, Q4_1 1536 x 576 in cache):
 AVX-512 VNNI 32 us (17 GB/s of packed bytes; 43 us before both rows of a pair shared one load,
 one mask and one shift), AVX2 46-61 us (9-12 GB/s), against 60-70 and 81-90 us for exact mode.
 """
@@ -29,9 +29,9 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from minillm.hardware.machine import compile_target
-from minillm.kernels import quant_llvm as L
-from minillm.kernels.quant_fp32 import Q8_0_CODE, QTYPE_CODES, add_min_terms, store_row
-from minillm.kernels.quant_repack import RepackedMatrix
+from minillm.kernels.cpu import quant_llvm as L
+from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, add_min_terms, store_row
+from minillm.kernels.cpu.quant_repack import RepackedMatrix
 
 # Which integer multiply-add the kernel emits; tests run every one this host can execute.
 GENERIC, AVX2, AVX512, AVX512_VNNI = 0, 1, 2, 3

@@ -1,4 +1,4 @@
-"""LLVM IR building blocks for the SIMD quantized kernels (quant_fp32.py, quant_int8.py).
+"""LLVM IR building blocks for the SIMD quantized kernels (cpu/quant_fp32.py, cpu/quant_int8.py).
 
 Numba compiles Python loops through LLVM, but its auto-vectoriser does not find the shape a
 quantized dot product needs (one vector load unpacked into whole lanes, one accumulator register

@@ -1,11 +1,11 @@
 """The Numba CPU backend: every operator of reference.py, with the same names and signatures.
 
 This module is the backend (registry.py maps "numba" to it); the quantized operators come from
-quant.py and the paged ones from paged_attention.py.
+cpu/quant.py and the paged ones from cpu/paged_attention.py.
 
-The kernels live in three files, one idea each: cpu_matmul.py (the matmul ladder and the decode
-matvec), cpu_rows.py (rms_norm, rope, swiglu, softmax: one read and one write per element),
-cpu_attention.py (decode and tiled prefill attention with the online softmax). This file checks
+The kernels live in three files, one idea each: cpu/matmul_ladder.py (the matmul ladder and the decode
+matvec), cpu/rows.py (rms_norm, rope, swiglu, softmax: one read and one write per element),
+cpu/contiguous_attention.py (decode and tiled prefill attention with the online softmax). This file checks
 arguments (a compiled kernel given bad shapes reads out of bounds instead of failing) and
 chooses the kernel for the shape:
 
@@ -31,8 +31,8 @@ import math
 import numpy as np
 
 from minillm.kernels import shapes
-from minillm.kernels.cpu_attention import SPLIT_MIN_KEYS, attention_decode_parallel, attention_decode_serial, attention_prefill
-from minillm.kernels.cpu_matmul import (  # noqa: F401  (the ladder is part of this backend's API)
+from minillm.kernels.cpu.contiguous_attention import SPLIT_MIN_KEYS, attention_decode_parallel, attention_decode_serial, attention_prefill
+from minillm.kernels.cpu.matmul_ladder import (  # noqa: F401  (the ladder is part of this backend's API)
     matmul_nt_parallel,
     matmul_v1_naive,
     matmul_v2_streaming,
@@ -40,7 +40,7 @@ from minillm.kernels.cpu_matmul import (  # noqa: F401  (the ladder is part of t
     matmul_v4_parallel,
     matvec,
 )
-from minillm.kernels.cpu_rows import (
+from minillm.kernels.cpu.rows import (
     PARALLEL_MIN_ELEMENTS,
     rms_norm_parallel,
     rms_norm_serial,
@@ -53,8 +53,8 @@ from minillm.kernels.cpu_rows import (
     swiglu_serial,
 )
 from minillm.kernels.reference import embedding, rope_table  # noqa: F401  (NumPy is already at memory speed)
-from minillm.kernels.paged_attention import paged_attention_decode, paged_attention_prefill  # noqa: F401
-from minillm.kernels.quant import qembedding, qlinear  # noqa: F401  (quantized weights: quant.py)
+from minillm.kernels.cpu.paged_attention import paged_attention_decode, paged_attention_prefill  # noqa: F401
+from minillm.kernels.cpu.quant import qembedding, qlinear  # noqa: F401  (quantized weights: cpu/quant.py)
 
 def _parallel(rows: int, size: int) -> bool:
     """Threads pay off for inputs of many rows and many floats (the row kernels give each core whole rows)."""

@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit, prange
 
 from minillm.kernels import shapes
-from minillm.kernels.cpu_matmul import matmul_nt_into
-from minillm.kernels.cpu_rows import KERNEL, fast_exp, float32_max
+from minillm.kernels.cpu.matmul_ladder import matmul_nt_into
+from minillm.kernels.cpu.rows import KERNEL, fast_exp, float32_max
 
 # -----------------------------------------------------------------------------
 # writing: a scatter through the slot mapping
@@ -165,7 +165,7 @@ def _paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_
 # a job holds a tile of queries of one kv head - PREFILL_QUERY_TILE tokens x its group of query
 # heads, stacked as rows - and walks the sequence's keys PREFILL_KEY_TILE at a time, gathered
 # from their blocks into contiguous scratch: scores = Q K^T and acc += P V are both
-# matmul_nt_into calls (cpu_matmul.py's 4 x 4 register tiles), and each gathered key and value
+# matmul_nt_into calls (cpu/matmul_ladder.py's 4 x 4 register tiles), and each gathered key and value
 # serves every row of the tile.
 
 PREFILL_QUERY_TILE = 32  # query tokens per job (x group heads = rows of the score tile)

@@ -8,8 +8,8 @@ The formats (Q8_0, Q4_0, Q4_1), the quantizers and the NumPy reference live in q
   memory-bound, so the matvec reads each packed byte exactly once and never writes fp32 weights
   anywhere; a batch is compute-bound, so `qmatmul` decodes a tile of weights into cache once and
   reuses it T times.
-- the SIMD kernels on weights repacked at load time (`RepackedMatrix`, quant_repack.py): exact
-  fp32 activations (quant_fp32.py) or opt-in int8 activations (quant_int8.py). `qmatvec` and
+- the SIMD kernels on weights repacked at load time (`RepackedMatrix`, cpu/quant_repack.py): exact
+  fp32 activations (cpu/quant_fp32.py) or opt-in int8 activations (cpu/quant_int8.py). `qmatvec` and
   `qlinear` take either kind of matrix.
 - `qlinear`: the dispatch the model calls (see its docstring for the rule).
 
@@ -21,14 +21,15 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from minillm.kernels import quant_fp32, quant_int8
-from minillm.kernels.cpu_matmul import matmul_nt_into
+from minillm.kernels.cpu import quant_fp32
+from minillm.kernels.cpu import quant_int8
+from minillm.kernels.cpu.matmul_ladder import matmul_nt_into
 from minillm.kernels.quant_formats import (  # noqa: F401 - the public names, and two chapter 04 shows
     BLOCK_BYTES, BLOCK_SIZE, QTYPES, QMatrix, _quantize_q4_1, _unpack_nibbles, dequantize_q4_0,
     dequantize_q4_1, dequantize_q8_0, dequantize_reference, quantize,
 )
-from minillm.kernels.quant_llvm import hot_loop_asm
-from minillm.kernels.quant_repack import RepackedMatrix, repack
+from minillm.kernels.cpu.quant_llvm import hot_loop_asm
+from minillm.kernels.cpu.quant_repack import RepackedMatrix, repack
 
 # -----------------------------------------------------------------------------------------------
 # Numba building blocks: an fp16 scale read from two bytes, one row decoded into fp32
@@ -248,7 +249,7 @@ def _matvec_checked(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 #
 # Each weight is decoded once per call, whatever T is, and then feeds T FMAs from cache, so the
 # decode cost (~0.2 ns a weight) is shared by the batch while the multiply runs at register-tiled
-# matmul speed (cpu_matmul.py). Each parallel task owns one scratch tile for all its row tiles.
+# matmul speed (cpu/matmul_ladder.py). Each parallel task owns one scratch tile for all its row tiles.
 
 TILE_ROWS = 64  # rows of W per tile: 64 x 576 floats = 147 KB, in L2 next to the activations
 
@@ -288,7 +289,7 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 # The fused matvec streams the packed bytes at memory speed, so running it once per row wins
 # while T is tiny although it reads the weights T times; qmatmul's single decode plus
 # register-tiled FMAs wins for large T, by 7x at T = 64 (142 GFLOP/s, level with BLAS on fp32
-# weights). The repacked SIMD matvec (quant_fp32.py, what the loader builds) is 3x faster than the
+# weights). The repacked SIMD matvec (cpu/quant_fp32.py, what the loader builds) is 3x faster than the
 # row-by-row kernel above, which moves the crossover from T = 3 to between 8 and 16 (shared 2-core
 # Sapphire Rapids, one thread, best of 25, same matrix; two threads could not be timed cleanly there):
 #
@@ -310,7 +311,7 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     - larger T (decode batches, prefill): `qmatmul`, each weight decoded once for all T rows and
       multiplied with register tiles, fp32 in both activation modes (it reads the GGUF bytes a
       RepackedMatrix keeps). Not BLAS: its thread pool and Numba's would fight over the cores
-      inside a forward (cpu.py).
+      inside a forward (cpu/__init__.py).
     The tables above MATVEC_ROWS_MAX_T have the measurements behind the thresholds.
     """
     x = _check_input(x, qm, 2)  # (T, cols)
