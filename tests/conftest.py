@@ -68,3 +68,16 @@ def hf_smollm2(smollm2_path):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(smollm2_path.parent, dtype=torch.float32, **kwargs).eval()
     return model, tokenizer
+
+
+# The OpenAI client and the served model's name, for every test module that starts a `server` fixture
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def model(server):
+    return server.app.state.model_name

@@ -32,11 +32,6 @@ def server(llm):
         yield server
 
 
-@pytest.fixture(scope="module")
-def model(server):
-    return server.app.state.model_name
-
-
 def post(server, path: str, body: dict, **kwargs) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=60, **kwargs)
 

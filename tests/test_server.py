@@ -13,7 +13,6 @@ import time
 import httpx
 import openai
 import pytest
-from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.llm import LLM
@@ -36,16 +35,6 @@ def llm(smollm2_path):
 def server(llm):
     with BackgroundServer(create_app(llm, log_interval=5.0)) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def model(server):
-    return server.app.state.model_name
 
 
 def wait_until(condition, what: str, timeout: float = 300.0) -> None:

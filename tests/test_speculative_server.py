@@ -8,7 +8,6 @@ cut would show. Every case ends with every KV block back in the pool.
 """
 import httpx
 import pytest
-from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.generation.sampling import SamplingParams
@@ -34,16 +33,6 @@ def plain(smollm2_path):
 def server(smollm2_path):
     with BackgroundServer(create_app(LLM(smollm2_path, max_num_seqs=8, speculative=NGRAM))) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def model(server):
-    return server.app.state.model_name
 
 
 def plain_completion(plain, prompt_ids, **params):
