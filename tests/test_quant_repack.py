@@ -5,6 +5,7 @@
 - the kernel: equal to x @ W.T in float64 (W dequantized by gguf) within the fp32 accumulation bound
   of test_quant.py, on every shape class: 1 row, rows that are not a multiple of the interleave R,
   1 block, the SmolLM2 shapes; R = 4 (AVX2's) and 8 (AVX-512's), whichever the host compiles for;
+- T rows at once (quant_fp32.matvec_rows): the oracle, and bit for bit each row alone;
 - the dispatch: quant.qlinear on a RepackedMatrix for T = 1 ... 64, and the reference backend's
   qlinear on the same object (it reads the GGUF bytes the RepackedMatrix still carries).
 """
@@ -69,6 +70,19 @@ def test_qlinear_on_repacked_weights_every_batch_size(qtype, T):
     y = quant.qlinear(x, w)
     assert_close_to_matmul(y, x, qm)
     np.testing.assert_allclose(reference.qlinear(x, w), y, rtol=1e-4, atol=1e-4)  # the reference backend
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T", range(1, quant.REPACKED_MATVEC_ROWS_MAX_T + 1))
+def test_fp32_matvec_of_t_rows_matches_the_oracle_and_each_row_alone(qtype, T):
+    # One kernel call for T rows (a speculative verify, a small decode batch) must be x @ W.T and,
+    # bit for bit, what each row gives alone: a token's logits may not depend on its neighbours.
+    qm = realistic_qmatrix(qtype, 13, 96, seed=T)  # 13 rows: a partial last group for R = 4 and 8
+    w = repack(qm)
+    x = np.random.default_rng(T).standard_normal((T, 96)).astype(np.float32)
+    y = quant_fp32.matvec_rows(x, w)
+    assert_close_to_matmul(y, x, qm)
+    np.testing.assert_array_equal(y, np.stack([quant_fp32.matvec(row, w) for row in x]))
 
 
 def test_qmatvec_checks_the_input_of_a_repacked_matrix():

@@ -68,74 +68,93 @@ def store_row(builder, out, g, R, r, lanes, start):
 
 
 @intrinsic
-def _group_dot(typingctx, quants, scales, mins, x, block_sums, group, n_blocks, out, qtype_code, rows_per_group):
-    """out[group * R + r] = row r of the group . x, for the R rows of one group (1-D arrays)."""
-    if not (isinstance(qtype_code, types.IntegerLiteral) and isinstance(rows_per_group, types.IntegerLiteral)):
+def _group_dot(typingctx, quants, scales, mins, x, block_sums, group, n_blocks, out, qtype_code, rows_per_group,
+               tokens):
+    """out[t, group * R + r] = row r of the group . x[t], for the R rows of one group and the T rows
+    of x (2-D C-contiguous: x (T, cols), block_sums (T, blocks), out (T, padded rows))."""
+    if not all(isinstance(c, types.IntegerLiteral) for c in (qtype_code, rows_per_group, tokens)):
         return None
-    code, R = qtype_code.literal_value, rows_per_group.literal_value
+    code, R, T = qtype_code.literal_value, rows_per_group.literal_value, tokens.literal_value
     code_bytes = 32 if code == Q8_0_CODE else 16
 
     def codegen(context, builder, sig, args):
         q_ptr, d_ptr, m_ptr, x_ptr, sums_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in range(5))
         out_ptr = L.array_data(context, builder, sig.args[7], args[7])
         g, n_blocks = args[5], args[6]
+        cols = builder.mul(n_blocks, L.index(32))
+        padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
         v16f, vRf = L.vector(L.F32, 16), L.vector(L.F32, R)
-        rows = [L.accumulator(builder, L.constant_vector(L.F32, [0.0] * 16)) for _ in range(R)]
-        min_terms = L.accumulator(builder, L.constant_vector(L.F32, [0.0] * R))
+        rows = [[L.accumulator(builder, L.constant_vector(L.F32, [0.0] * 16)) for _ in range(T)] for _ in range(R)]
+        min_terms = [L.accumulator(builder, L.constant_vector(L.F32, [0.0] * R)) for _ in range(T)]
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
-            x_low = L.load(builder, x_ptr, builder.mul(b, L.index(32)), v16f)                     # (16,)
-            x_high = L.load(builder, x_ptr, builder.add(builder.mul(b, L.index(32)), L.index(16)), v16f)
+            at_x = [builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))) for t in range(T)]
+            x_low = [L.load(builder, x_ptr, at, v16f) for at in at_x]                              # T x (16,)
+            x_high = [L.load(builder, x_ptr, builder.add(at, L.index(16)), v16f) for at in at_x]
             first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
             d = L.load(builder, d_ptr, first, vRf)                                                 # (R,)
             if code != Q8_0_CODE:
-                add_min_terms(builder, m_ptr, sums_ptr, first, b, R, min_terms)
+                for t in range(T):
+                    sums_t = builder.gep(sums_ptr, [builder.mul(L.index(t), n_blocks)])
+                    add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
             for r in range(R):
                 at = builder.mul(builder.add(first, L.index(r)), L.index(code_bytes))
-                low, high = unpack_fp32(builder, q_ptr, at, code)
-                qx = L.fma(builder, high, x_high, builder.fmul(low, x_low))                       # (16,)
+                low, high = unpack_fp32(builder, q_ptr, at, code)  # unpacked once, used by all T rows of x
                 d_r = L.splat(builder, L.lane(builder, d, r), 16)
-                builder.store(L.fma(builder, d_r, qx, builder.load(rows[r])), rows[r])
-        min_terms = builder.load(min_terms)
-        for r in range(R):
-            store_row(builder, out_ptr, g, R, r, builder.load(rows[r]), L.lane(builder, min_terms, r))
+                for t in range(T):
+                    qx = L.fma(builder, high, x_high[t], builder.fmul(low, x_low[t]))                 # (16,)
+                    builder.store(L.fma(builder, d_r, qx, builder.load(rows[r][t])), rows[r][t])
+        for t in range(T):
+            out_t = builder.gep(out_ptr, [builder.mul(L.index(t), padded_rows)])
+            terms = builder.load(min_terms[t])
+            for r in range(R):
+                store_row(builder, out_t, g, R, r, builder.load(rows[r][t]), L.lane(builder, terms, r))
         return context.get_dummy_value()
 
-    return types.void(quants, scales, mins, x, block_sums, group, n_blocks, out, qtype_code, rows_per_group), codegen
+    return (types.void(quants, scales, mins, x, block_sums, group, n_blocks, out, qtype_code, rows_per_group, tokens),
+            codegen)
 
 
 @njit(cache=True, inline="always")
 def block_sums_of(x):
-    """x (cols,) -> (cols // 32,): the sum of each block of 32 activations (the minimum's factor)."""
-    sums = np.empty(x.shape[0] // 32, dtype=np.float32)  # (blocks,)
-    for b in range(sums.shape[0]):
-        total = np.float32(0.0)
-        for j in range(b * 32, b * 32 + 32):
-            total += x[j]
-        sums[b] = total
+    """x (T, cols) -> (T, cols // 32): the sum of each block of 32 activations (the minimum's factor)."""
+    sums = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)  # (T, blocks)
+    for t in range(x.shape[0]):
+        for b in range(sums.shape[1]):
+            total = np.float32(0.0)
+            for j in range(b * 32, b * 32 + 32):
+                total += x[t, j]
+            sums[t, b] = total
     return sums
 
 
 @functools.cache
-def _kernel(qtype_code: int, rows_per_group: int):
-    """The matvec for one code layout and R, compiled on first use (Numba caches it on disk: the
-    constants are part of the cache key). Constants, not arguments: the intrinsic unrolls over R."""
+def _kernel(qtype_code: int, rows_per_group: int, tokens: int):
+    """The kernel for one code layout, R and T, compiled on first use (Numba caches it on disk: the
+    constants are part of the cache key). Constants, not arguments: the intrinsic unrolls over R and T."""
     @njit(cache=True, parallel=True)
     def matvec_kernel(quants, scales, mins, x, out):
-        n_blocks = x.shape[0] // 32
-        block_sums = block_sums_of(x)  # (blocks,)
-        for g in prange(out.shape[0] // rows_per_group):
-            _group_dot(quants, scales, mins, x, block_sums, g, n_blocks, out, qtype_code, rows_per_group)
+        block_sums = block_sums_of(x)  # (T, blocks)
+        for g in prange(out.shape[1] // rows_per_group):
+            _group_dot(quants, scales, mins, x, block_sums, g, x.shape[1] // 32, out, qtype_code, rows_per_group,
+                       tokens)
 
     return matvec_kernel
 
 
-def kernel_for(w: RepackedMatrix):
-    return _kernel(QTYPE_CODES[w.qtype], w.rows_per_group)
+def kernel_for(w: RepackedMatrix, tokens: int = 1):
+    return _kernel(QTYPE_CODES[w.qtype], w.rows_per_group, tokens)
 
 
 def matvec(x: np.ndarray, w: RepackedMatrix) -> np.ndarray:
     """x (cols,) float32 -> (rows,) = W x, exact mode (x must already be checked: quant.qmatvec)."""
-    out = np.empty(w.groups * w.rows_per_group, dtype=np.float32)  # (padded rows,)
-    kernel_for(w)(w.quants, w.scales, w.mins, x, out)
-    return out[:w.shape[0]]
+    return matvec_rows(x[None, :], w)[0]
+
+
+def matvec_rows(x: np.ndarray, w: RepackedMatrix) -> np.ndarray:
+    """x (T, cols) float32 -> (T, rows) = x W^T, exact mode, each packed weight read and unpacked once
+    for all T rows (x must already be checked: quant.qlinear). Row t's result is bit-for-bit the
+    one matvec gives for x[t]: the same operations in the same order."""
+    out = np.empty((x.shape[0], w.groups * w.rows_per_group), dtype=np.float32)  # (T, padded rows)
+    kernel_for(w, x.shape[0])(w.quants, w.scales, w.mins, x, out)
+    return out[:, :w.shape[0]]

@@ -38,6 +38,11 @@ def array_data(context, builder, array_type, array) -> ir.Value:
     return cgutils.create_struct_proxy(array_type)(context, builder, value=array).data
 
 
+def array_shape(context, builder, array_type, array, dim: int) -> ir.Value:
+    """The length of a Numba array argument along ``dim`` (an i64)."""
+    return builder.extract_value(cgutils.create_struct_proxy(array_type)(context, builder, value=array).shape, dim)
+
+
 def load(builder, base: ir.Value, offset: ir.Value, vector_type: ir.Type) -> ir.Value:
     """``vector_type`` read from base + offset elements; unaligned (align 1), as the layouts only
     guarantee element alignment."""
