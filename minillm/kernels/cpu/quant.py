@@ -298,12 +298,18 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 #   repacked matvec, int8     67   110   193   258   303   397   866  7973
 #   qmatmul                  796   970  1017  1030   611   661   880  2866
 #
-# Exact mode now runs all T rows in one kernel (quant_fp32.matvec_rows): the unpacking, the larger
-# part of its work, is shared by the rows. Same matrix, 2-core Zen 4, two threads, best of 300:
+# Exact mode runs all T rows in one kernel (quant_fp32.matvec_rows): each weight is loaded and
+# unpacked once and feeds T FMA chains. Same matrix, 2-core Zen 5 (LLVM znver5) shared with other
+# jobs (load ~5), two threads, best of 300; AVX2 = NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="":
 #
-#   T =                        1     2     3     4     5     8
-#   repacked fp32, per row    18    37    49    73    90   133
-#   repacked fp32, T rows     16    22    30    43    55    86
+#   T =                              1     2     3     4     5     8
+#   AVX-512  fp32 matvec per row    17    36    50    70    82   129
+#            fp32 matvec, T rows    16    21    28    36    43    80
+#   AVX2     fp32 matvec per row    25    49    73    95   121   194
+#            fp32 matvec, T rows    24    41    44    62    83   139
+#
+# It stays compute-bound (per 32 weights and row of x: a multiply and two FMAs), so T rows cost
+# about 0.5-0.7x of T separate calls, not 1x of one.
 MATVEC_ROWS_MAX_T = 3            # GGUF-layout QMatrix
 REPACKED_MATVEC_ROWS_MAX_T = 8   # RepackedMatrix
 

@@ -33,6 +33,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
 
@@ -67,6 +68,17 @@ def store_row(builder, out, g, R, r, lanes, start):
     builder.store(L.horizontal_sum(builder, lanes, start), builder.gep(out, [at]))
 
 
+def rows_per_pass(R: int, T: int) -> int:
+    """Rows of a group handled per pass over the blocks when x has T rows: R x T running sums of
+    16 floats must stay in registers (32 of 512 bits on AVX-512, 16 of 256 on AVX2, where a sum
+    takes two), beside the 2T activation vectors. At T = 1 a pass is the whole group."""
+    budget = 16 if compile_target().vector_bits == 512 else 4  # sums of 16 floats that fit with the rest
+    rows = R
+    while rows > 1 and rows * T > budget:
+        rows //= 2
+    return rows
+
+
 @intrinsic
 def _group_dot(typingctx, quants, scales, mins, x, block_sums, group, n_blocks, out, qtype_code, rows_per_group,
                tokens):
@@ -84,31 +96,34 @@ def _group_dot(typingctx, quants, scales, mins, x, block_sums, group, n_blocks, 
         cols = builder.mul(n_blocks, L.index(32))
         padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
         v16f, vRf = L.vector(L.F32, 16), L.vector(L.F32, R)
-        rows = [[L.accumulator(builder, L.constant_vector(L.F32, [0.0] * 16)) for _ in range(T)] for _ in range(R)]
         min_terms = [L.accumulator(builder, L.constant_vector(L.F32, [0.0] * R)) for _ in range(T)]
-        with cgutils.for_range(builder, n_blocks) as loop:
-            b = loop.index
-            at_x = [builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))) for t in range(T)]
-            x_low = [L.load(builder, x_ptr, at, v16f) for at in at_x]                              # T x (16,)
-            x_high = [L.load(builder, x_ptr, builder.add(at, L.index(16)), v16f) for at in at_x]
-            first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
-            d = L.load(builder, d_ptr, first, vRf)                                                 # (R,)
-            if code != Q8_0_CODE:
-                for t in range(T):
-                    sums_t = builder.gep(sums_ptr, [builder.mul(L.index(t), n_blocks)])
-                    add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
-            for r in range(R):
-                at = builder.mul(builder.add(first, L.index(r)), L.index(code_bytes))
-                low, high = unpack_fp32(builder, q_ptr, at, code)  # unpacked once, used by all T rows of x
-                d_r = L.splat(builder, L.lane(builder, d, r), 16)
-                for t in range(T):
-                    qx = L.fma(builder, high, x_high[t], builder.fmul(low, x_low[t]))                 # (16,)
-                    builder.store(L.fma(builder, d_r, qx, builder.load(rows[r][t])), rows[r][t])
-        for t in range(T):
-            out_t = builder.gep(out_ptr, [builder.mul(L.index(t), padded_rows)])
-            terms = builder.load(min_terms[t])
-            for r in range(R):
-                store_row(builder, out_t, g, R, r, builder.load(rows[r][t]), L.lane(builder, terms, r))
+        per_pass = rows_per_pass(R, T)
+        for first_row in range(0, R, per_pass):  # each pass: its rows' accumulators, all of the blocks
+            pass_rows = range(first_row, first_row + per_pass)
+            acc = {(r, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * 16)) for r in pass_rows for t in range(T)}
+            with cgutils.for_range(builder, n_blocks) as loop:
+                b = loop.index
+                at_x = [builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))) for t in range(T)]
+                x_low = [L.load(builder, x_ptr, at, v16f) for at in at_x]                          # T x (16,)
+                x_high = [L.load(builder, x_ptr, builder.add(at, L.index(16)), v16f) for at in at_x]
+                first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
+                d = L.load(builder, d_ptr, first, vRf)                                             # (R,)
+                if code != Q8_0_CODE and first_row == 0:
+                    for t in range(T):
+                        sums_t = builder.gep(sums_ptr, [builder.mul(L.index(t), n_blocks)])
+                        add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
+                for r in pass_rows:
+                    at = builder.mul(builder.add(first, L.index(r)), L.index(code_bytes))
+                    low, high = unpack_fp32(builder, q_ptr, at, code)  # unpacked once for all T rows of x
+                    d_r = L.splat(builder, L.lane(builder, d, r), 16)
+                    for t in range(T):
+                        qx = L.fma(builder, high, x_high[t], builder.fmul(low, x_low[t]))             # (16,)
+                        builder.store(L.fma(builder, d_r, qx, builder.load(acc[r, t])), acc[r, t])
+            for t in range(T):
+                out_t = builder.gep(out_ptr, [builder.mul(L.index(t), padded_rows)])
+                terms = builder.load(min_terms[t])
+                for r in pass_rows:
+                    store_row(builder, out_t, g, R, r, builder.load(acc[r, t]), L.lane(builder, terms, r))
         return context.get_dummy_value()
 
     return (types.void(quants, scales, mins, x, block_sums, group, n_blocks, out, qtype_code, rows_per_group, tokens),
