@@ -20,6 +20,9 @@ NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""), microseconds and GB/s of packed b
     this kernel                   60-70 (8.5)      81-90 (6.5)
     Q8_0 LM head 49152 x 576 (30 MB, from L3): 2.6-3.0 ms (10-11 GB/s) on AVX-512.
 
+With T rows of x (a speculative verify, a few decoding streams) each unpacked block feeds T FMA
+chains instead of one: the weights are read once per call, not once per row (``matvec_rows``).
+
 The loop is compute-bound, not memory-bound (one core reads ~10 GB/s from L3 and far more from
 L2): per 32 weights it issues two byte-to-dword widenings, two conversions, a multiply and two
 FMAs. cpu/quant_int8.py halves that work.
