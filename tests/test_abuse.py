@@ -167,6 +167,37 @@ def test_a_burst_is_not_refused_while_the_engine_has_places(server, model, monke
     assert refused.status_code == 503
 
 
+def test_long_prompts_past_the_queued_token_bound_are_refused_short_ones_are_not(server, model, monkeypatch):
+    async_engine, engine = server.app.state.engine, server.app.state.llm.engine
+    real_step, entered, gate = engine.step, threading.Event(), threading.Event()
+
+    def held_step():
+        entered.set()
+        gate.wait()
+        return real_step()
+
+    long_prompt = "the cat sat on the mat and " * 20  # 140 tokens
+    n_long = len(server.app.state.llm.tokenizer.encode(long_prompt))
+    monkeypatch.setattr(engine, "step", held_step)
+    monkeypatch.setattr(async_engine, "max_queued_tokens", n_long + 50)
+    body = {"model": model, "max_tokens": 1, "temperature": 0}
+
+    async def scenario():  # the first long prompt is queued; a second one would pass the bound, "Hi" does not
+        async with httpx.AsyncClient(base_url=server.url, timeout=None) as http:
+            first = asyncio.ensure_future(http.post("/v1/completions", json={**body, "prompt": long_prompt}))
+            await asyncio.to_thread(entered.wait, 300)
+            refused = await http.post("/v1/completions", json={**body, "prompt": long_prompt + "again"})
+            short = asyncio.ensure_future(http.post("/v1/completions", json={**body, "prompt": "Hi"}))
+            await asyncio.sleep(0.2)
+            gate.set()
+            return await first, refused, await short
+
+    first, refused, short = asyncio.run(scenario())
+    assert first.status_code == 200 and short.status_code == 200
+    assert refused.status_code == 503 and "max_queued_tokens" in refused.json()["error"]["message"]
+    assert engine.stats().num_prefill_tokens == 0 and engine.stats().kv_cache_usage == 0
+
+
 def test_the_default_kv_budget_follows_the_available_memory():
     assert default_kv_cache_bytes(available=8 << 30) == 2 << 30      # a quarter of it
     assert default_kv_cache_bytes(available=64 << 30) == 4 << 30     # capped at 4 GiB

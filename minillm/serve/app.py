@@ -47,16 +47,18 @@ def served_model_name(llm: LLM) -> str:
 def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, log_interval: float = 10.0,
                api_key: str | None = None, protect_metrics: bool = False, request_timeout: float | None = None,
                max_request_tokens: int | None = None, max_body_bytes: int | None = None,
-               allowed_origins: list[str] = (), enable_docs: bool = False) -> FastAPI:
+               allowed_origins: list[str] = (), enable_docs: bool = False,
+               max_queued_tokens: int | None = None) -> FastAPI:
     """The app serving ``llm``; its engine thread starts and stops with the app (FastAPI lifespan).
-    ``api_key``: see ``auth.py``; ``request_timeout`` and ``max_request_tokens``: ``AsyncEngine``;
+    ``api_key``: see ``auth.py``; ``request_timeout``, ``max_request_tokens``, ``max_queued_tokens``: ``AsyncEngine``;
     ``max_body_bytes``: ``body_limit.py``; ``allowed_origins``: ``request_guard.py``. ``enable_docs``:
     serve FastAPI's /docs and /openapi.json (off by default: they map the server for anyone)."""
     name = model_name or served_model_name(llm)
     limits = llm.engine.stats()  # taken before the engine thread starts: from then on only it touches the engine
     metrics = ServerMetrics(name, limits)
     engine = AsyncEngine(llm.engine, metrics, max_waiting=max_waiting, log_interval=log_interval,
-                         request_timeout=request_timeout, max_request_tokens=max_request_tokens)
+                         request_timeout=request_timeout, max_request_tokens=max_request_tokens,
+                         max_queued_tokens=max_queued_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -131,7 +133,7 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
          model_name: str | None = None, max_model_len: int | None = None, api_key: str | None = None,
          protect_metrics: bool = False, request_timeout: float | None = 600.0, max_request_tokens: int | None = 32768,
          max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
-         log_level: str = "info", speculative: dict | None = None) -> int:
+         log_level: str = "info", speculative: dict | None = None, max_queued_tokens: int | None = 16384) -> int:
     """``minillm serve``: load the model, print how to call it, serve until SIGTERM or Ctrl-C (``shutdown.py``)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api_key = auth.resolve_api_key(api_key, protect_metrics)  # a bad combination fails before the model loads
@@ -140,7 +142,7 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
     app = create_app(llm, model_name=model_name, max_waiting=max_waiting, api_key=api_key,
                      protect_metrics=protect_metrics, request_timeout=request_timeout,
                      max_request_tokens=max_request_tokens, max_body_bytes=max_body_bytes,
-                     allowed_origins=allowed_origins, enable_docs=enable_docs)
+                     allowed_origins=allowed_origins, enable_docs=enable_docs, max_queued_tokens=max_queued_tokens)
     name, url = app.state.model_name, f"http://{host}:{port}"
     key_header = " -H \"Authorization: Bearer $MINILLM_API_KEY\"" if api_key else ""
     print(f"minillm serving {name} at {url}/v1 (chat page at {url}/, metrics at {url}/metrics). Ctrl-C stops it.\n"

@@ -24,6 +24,13 @@ command list, the requests on probation - less the free places among its ``max_n
 that will start running at once is not waiting (a burst of requests is not refused while the
 engine still has room for them).
 
+Requests are not all alike: one 2,000-token prompt is as much prefill as a thousand "Hi"s. So
+past ``max_queued_tokens`` prompt tokens still to prefill (the engine's waiting and running
+prefills, as of the last step, plus the adds since) a new request also gets a 503 - unless nothing
+is queued at all, so that any prompt the context holds can always run. Without it, a client that
+sends forty long prompts takes every running place for minutes, and each short request behind
+them waits as long.
+
 A failing request must not take the others with it. A step runs many requests in one batch, so
 when it raises, the thread cannot see whose data broke it; it narrows it down instead. Requests
 that have produced no token yet ("newcomers") are taken out of the engine (their clients have
@@ -127,15 +134,18 @@ class Abort:
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int = 128,
                  log_interval: float = 10.0, request_timeout: float | None = None,
-                 max_request_tokens: int | None = None):
+                 max_request_tokens: int | None = None, max_queued_tokens: int | None = None):
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
         if request_timeout is not None and request_timeout <= 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout}")
         if max_request_tokens is not None and max_request_tokens < 1:
             raise ValueError(f"max_request_tokens must be >= 1, got {max_request_tokens}")
+        if max_queued_tokens is not None and max_queued_tokens < 1:
+            raise ValueError(f"max_queued_tokens must be >= 1, got {max_queued_tokens}")
         self.engine, self.metrics, self.max_waiting = engine, metrics, max_waiting
         self.request_timeout, self.max_request_tokens = request_timeout, max_request_tokens
+        self.max_queued_tokens = max_queued_tokens
         self.max_model_len = engine.stats().max_model_len
         # engine thread only: failure isolation (module docstring)
         self.newcomers: dict[str, Add] = {}     # in the engine, no token out yet
@@ -148,6 +158,8 @@ class AsyncEngine:
         self.commands: list[Add | Abort] = []   # guarded by wakeup
         self.num_waiting = 0                    # guarded by wakeup: the load beyond the free places (docstring)
         self.queued = 0                         # guarded by wakeup: scheduler waiting + probation, last step
+        self.queued_tokens = 0                  # guarded by wakeup: prompt tokens to prefill, last step + adds since
+        self.prefill_tokens = 0                 # guarded by wakeup: the engine's and probation's, last step
         self.free_places = engine.stats().max_num_seqs  # guarded by wakeup: max_num_seqs - running, last step
         self.stopping = False                   # guarded by wakeup
         self.streams: dict[str, RequestStream] = {}  # engine thread only
@@ -187,6 +199,11 @@ class AsyncEngine:
             if self.num_waiting >= self.max_waiting:
                 raise APIError(503, f"the server is overloaded: {self.num_waiting} requests are already waiting "
                                     f"(max_waiting = {self.max_waiting}); retry later")
+            if (self.max_queued_tokens is not None and self.queued_tokens
+                    and self.queued_tokens + len(prompt_ids) > self.max_queued_tokens):
+                raise APIError(503, f"the server is overloaded: {self.queued_tokens} prompt tokens are already "
+                                    f"waiting to be prefilled (max_queued_tokens = {self.max_queued_tokens}); "
+                                    f"retry later")
             self.commands.append(Add(stream, prompt_ids, params, arrival))
             self.count_waiting()
             self.wakeup.notify()
@@ -204,8 +221,9 @@ class AsyncEngine:
 
     def count_waiting(self) -> None:
         """Under ``wakeup``: the requests that will wait, from the last step's figures and the adds since."""
-        pending = sum(isinstance(c, Add) for c in self.commands)
-        self.num_waiting = max(self.queued + pending - self.free_places, 0)
+        adds = [c for c in self.commands if isinstance(c, Add)]
+        self.num_waiting = max(self.queued + len(adds) - self.free_places, 0)
+        self.queued_tokens = self.prefill_tokens + sum(len(c.prompt_ids) for c in adds)
 
     def abort(self, request_id: str) -> None:
         with self.wakeup:
@@ -258,6 +276,7 @@ class AsyncEngine:
         stats = self.engine.stats()
         with self.wakeup:
             self.queued = stats.num_waiting + len(self.probation)
+            self.prefill_tokens = stats.num_prefill_tokens + sum(len(c.prompt_ids) for c in self.probation)
             self.free_places = max(stats.max_num_seqs - stats.num_running, 0)
             self.count_waiting()
         return stats
