@@ -8,7 +8,9 @@ the AVX2 code path for ``--isa avx2``). The profiler is the package's
 (``minillm.generation.profile.profile_decode``, which chapter 06 runs too): decode steps on the same
 weights with a timer around every kernel op (no kernel is edited), split into operator families -
 the quantized matvecs by weight kind, the LM head, attention, RMSNorm, RoPE, SwiGLU, the KV-cache
-write, sampling and the rest (Python glue). This script picks the workload and stamps the result:
+write, sampling and the rest (Python glue), and for each weight family the bandwidth it achieved
+(its bytes over its time) beside the machine's DRAM read bandwidth. This script picks the workload
+and stamps the result:
 benchmarks/results/decode_profile.json (decode_profile_avx2.json for ``--isa avx2``).
 """
 from __future__ import annotations
@@ -22,8 +24,10 @@ from common import RESULTS, numba_target, random_prompt, save_result
 
 from minillm.generation.profile import profile_decode
 from minillm.generation.sampling import SamplingParams
+from minillm.hardware.microbench import MIB, measure_bandwidth
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.loader import load_model
+from minillm.model.profile import weight_bytes_by_family
 
 
 def profile(quick: bool, out_dir: Path, name: str) -> None:
@@ -38,13 +42,21 @@ def profile(quick: bool, out_dir: Path, name: str) -> None:
           f"threads) at positions {p.first_position}..{p.first_position + steps - 1}: "
           f"{p.step_ms_instrumented:.2f} ms instrumented, {p.step_ms_plain:.2f} ms plain "
           f"(median of 3 runs of {steps} steps)")
-    print(f"{'family':<22}{'ms/step':>9}{'share':>8}")
+    # Each weight family is read once a step: its bytes over its time is the bandwidth it achieved,
+    # to hold against the machine's DRAM read bandwidth (the roof of a memory-bound matvec).
+    weight_bytes = weight_bytes_by_family(model)
+    gbs = {family: weight_bytes[family] / (p.ms_per_step[family] * 1e6) for family in weight_bytes}
+    dram_gbs = measure_bandwidth("read", 512 * MIB, repeats=5).bandwidth_gbs  # far past any cache
+    print(f"{'family':<22}{'ms/step':>9}{'share':>8}{'MB/step':>9}{'GB/s':>7}")
     for family, ms in sorted(p.ms_per_step.items(), key=lambda kv: -kv[1]):
-        print(f"{family:<22}{ms:>9.3f}{ms / p.step_ms_instrumented:>8.1%}")
+        weights = f"{weight_bytes[family] / 1e6:>9.2f}{gbs[family]:>7.1f}" if family in gbs else ""
+        print(f"{family:<22}{ms:>9.3f}{ms / p.step_ms_instrumented:>8.1%}{weights}")
+    print(f"DRAM read bandwidth (512 MiB, best of 5): {dram_gbs:.1f} GB/s")
     save_result(name, {"quick": quick, "model": path.name, "steps": steps, "isa": target["isa"],
                        "threads": numba.get_num_threads(), "sampling": "temperature 0.8, top_p 0.95",
                        "step_ms_instrumented": p.step_ms_instrumented, "step_ms_plain": p.step_ms_plain,
-                       "ms_per_step": p.ms_per_step}, out_dir)
+                       "ms_per_step": p.ms_per_step, "weight_bytes_per_step": weight_bytes,
+                       "weight_gbs": gbs, "dram_read_gbs": dram_gbs}, out_dir)
 
 
 def main():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -104,15 +105,24 @@ def _use_threads(threads: int) -> None:
 def _serve(args) -> int:
     if args.threads is not None:
         _use_threads(args.threads)  # before the engine's libraries load
+    if args.replicas is None and args.routing is not None:
+        raise ValueError("--routing chooses among replicas: give --replicas N too")
+    if args.replicas is not None and args.tensor_parallel_size > 1:
+        raise ValueError("--tensor-parallel-size and --replicas do not combine yet: each replica is one process")
     from minillm.serve.app import main as serve_main
 
+    if args.replicas is not None:  # the same server, N engines on Ray Serve behind it
+        from minillm.serve.replicas import main as replicas_main
+
+        serve_main = functools.partial(replicas_main, num_replicas=args.replicas, threads=args.threads or 1,
+                                       routing=args.routing or "cache-aware")
     return serve_main(host=args.host, port=args.port, model=args.model, max_num_seqs=args.max_num_seqs,
                       kv_cache_bytes=args.kv_cache_bytes, max_n=args.max_n, allowed_origins=args.allowed_origins,
                       enable_docs=args.enable_docs, max_waiting=args.max_waiting, activations=args.activations,
                       model_name=args.served_model_name, max_model_len=args.max_model_len, api_key=args.api_key,
                       protect_metrics=args.protect_metrics, request_timeout=args.request_timeout or None,
                       max_request_tokens=args.max_request_tokens or None, max_body_bytes=args.max_body_bytes or None,
-                      drain_timeout=args.drain_timeout,
+                      drain_timeout=args.drain_timeout, tensor_parallel_size=args.tensor_parallel_size,
                       log_level=args.log_level, speculative=args.speculative_config)
 
 
@@ -170,6 +180,8 @@ def _add_activations(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from minillm.serve.router import POLICIES
+
     parser = argparse.ArgumentParser(prog="minillm", description="An LLM inference engine built from scratch.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -211,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                         '(default: only the server\'s own chat page)')
     p.add_argument("--enable-docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
     p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model over this many processes (torch.distributed, gloo; chapter 12)")
     _add_activations(p)
     _add_speculative(p)
     # what an operator reaches for first (vLLM's names where vLLM has the flag)
@@ -229,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request bodies larger than this get 413 (0: no limit)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds in-flight requests get to finish before they are aborted")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="serve from N engine replicas on Ray Serve (--threads each, default 1) behind one endpoint")
+    p.add_argument("--routing", choices=POLICIES, default=None,
+                   help="how --replicas share the requests (default: cache-aware, to the replica holding the prefix)")
     p.set_defaults(run=_serve)
 
     p = sub.add_parser("bench", help="side-by-side benchmarks: decode, throughput, serve (JSON results)")

@@ -64,14 +64,34 @@ class LLM:
     """A model with its tokenizer, ready to generate."""
 
     def __init__(self, model: str | Path | None = None, backend: str = "numba", activations: str = "fp32",
-                 **engine_args):
-        """``activations`` ("fp32" or "int8") is how the linear layers take their input; ``engine_args``
-        go to ``LLMEngine``: kv_cache_bytes, block_size, max_num_seqs, max_num_batched_tokens, speculative
-        (vLLM's speculative_config, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``)."""
+                 tensor_parallel_size: int = 1, **engine_args):
+        """``activations`` ("fp32" or "int8") is how the linear layers take their input;
+        ``tensor_parallel_size`` > 1 splits the model over that many processes (this one is rank 0;
+        ``close()`` stops the others); ``engine_args`` go to ``LLMEngine``: kv_cache_bytes,
+        block_size, max_num_seqs, max_num_batched_tokens, speculative (vLLM's speculative_config,
+        e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``)."""
+        if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}")
         self.path = Path(model) if model is not None else (cached_model_path() or fetch())
-        self.model = load_model(self.path, backend=backend, activations=activations)
-        self.tokenizer = load_tokenizer(self.path)
-        self.engine = LLMEngine(self.model, self.tokenizer, **engine_args)
+        self.tensor_parallel = None
+        if tensor_parallel_size > 1:
+            from minillm.runtime.tensor_parallel import TensorParallelGroup  # torch loads only here
+
+            self.tensor_parallel = TensorParallelGroup(self.path, tensor_parallel_size, backend, activations)
+            self.model = self.tensor_parallel.model  # rank 0's shard
+        else:
+            self.model = load_model(self.path, backend=backend, activations=activations)
+        try:
+            self.tokenizer = load_tokenizer(self.path)
+            self.engine = LLMEngine(self.model, self.tokenizer, tensor_parallel=self.tensor_parallel, **engine_args)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks, if any (also done when the LLM is garbage-collected)."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.close()
 
     def encode_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

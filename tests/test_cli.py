@@ -76,3 +76,12 @@ def test_serve_takes_the_abuse_limits_as_flags():
     assert args.allowed_origins == ["https://a.example"] and args.max_n == 2
     run = minillm("serve", "--allowed-origins", "https://a.example")
     assert run.returncode == 2 and "JSON list" in run.stderr
+
+
+def test_serve_takes_a_tensor_parallel_size_but_not_with_replicas():
+    from minillm.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).tensor_parallel_size == 1
+    assert build_parser().parse_args(["serve", "--tensor-parallel-size", "2"]).tensor_parallel_size == 2
+    run = minillm("serve", "--replicas", "2", "--tensor-parallel-size", "2")
+    assert run.returncode == 2 and "--tensor-parallel-size and --replicas" in run.stderr, run.stderr

@@ -70,6 +70,10 @@ SEATS = {
     "ch11_thompson": Seat(note="compiled once per constraint, before generation: no seat"),
     "ch11_subset_construction": Seat(note="compiled once per constraint, before generation: no seat"),
     "ch11_token_mask": Seat(note="built once per constraint and tokenizer: unconstrained generation never masks"),
+    "ch12_column_row_linear": Seat(note="a teaching model of the split: the ranks run it on quantized shards "
+                                        "(minillm.model.sharding): no seat"),
+    "ch12_cache_aware_routing": Seat(note="the router sits in front of the replicas (Ray Serve), not on the "
+                                          "generation path: no seat"),
 }
 
 

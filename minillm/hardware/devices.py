@@ -58,3 +58,36 @@ H100_SXM = DeviceSpec("NVIDIA H100 SXM (HBM3)", memory_bytes=80e9, bandwidth_byt
                       peak_fp32=66.9e12, peak_bf16=989.4e12, peak_fp16=989.4e12, peak_int8=1978.9e12)
 
 DEVICES = {"A100": A100_SXM_80GB, "H100": H100_SXM}
+
+
+# -----------------------------------------------------------------------------------------------
+# Interconnects between GPUs: what a tensor-parallel all-reduce crosses.
+#
+# Vendor data sheet figures, which count both directions at once ("bidirectional"); a ring
+# all-reduce sends and receives at the same time on every rank, so the rate one rank's sends see is
+# half of it, the per-direction figure. Sources: NVIDIA A100 data sheet (NVLink 3rd generation,
+# 600 GB/s per GPU; PCIe Gen4 x16, 64 GB/s); NVIDIA H100 data sheet (NVLink 4th generation,
+# 900 GB/s per GPU; PCIe Gen5 x16, 128 GB/s). Data sheets give no latency: an all-reduce's alpha
+# comes from measurement (nccl-tests on the machine), not from here.
+
+@dataclass(frozen=True)
+class InterconnectSpec:
+    name: str
+    bidirectional_bytes_per_s: float    # the data sheet's figure, both directions summed
+
+    def __post_init__(self):
+        if not self.bidirectional_bytes_per_s > 0:
+            raise ValueError(f"InterconnectSpec.bidirectional_bytes_per_s must be > 0, got {self.bidirectional_bytes_per_s!r}")
+
+    @property
+    def bytes_per_s_per_direction(self) -> float:
+        return self.bidirectional_bytes_per_s / 2
+
+
+NVLINK3_A100 = InterconnectSpec("NVLink 3 (A100 SXM)", bidirectional_bytes_per_s=600e9)
+NVLINK4_H100 = InterconnectSpec("NVLink 4 (H100 SXM)", bidirectional_bytes_per_s=900e9)
+PCIE4_X16 = InterconnectSpec("PCIe 4.0 x16", bidirectional_bytes_per_s=64e9)
+PCIE5_X16 = InterconnectSpec("PCIe 5.0 x16", bidirectional_bytes_per_s=128e9)
+
+INTERCONNECTS = {"NVLink 3": NVLINK3_A100, "NVLink 4": NVLINK4_H100, "PCIe 4.0 x16": PCIE4_X16,
+                 "PCIe 5.0 x16": PCIE5_X16}

@@ -15,6 +15,7 @@ What does not change from call to call - the config, the backend, the RoPE table
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,13 +61,20 @@ class LayerWeights:
             self.w_gate, self.w_up = row_views(self.gate_up[0], self.w_gate, self.w_up)
 
 
+def no_reduce(x: np.ndarray) -> np.ndarray:
+    """One process holds whole sums: nothing to add up."""
+    return x
+
+
 @dataclass(frozen=True)
 class LayerContext:
-    """What every layer of one model shares and no call changes: config, backend, RoPE tables."""
+    """What every layer of one model shares and no call changes: config, backend, RoPE tables,
+    and how a rank of a tensor-parallel model sums its partial outputs (minillm/model/sharding.py)."""
     config: ModelConfig
     ops: object                   # a kernel backend (minillm.kernels.registry.Backend)
     cos: np.ndarray               # (context_length, Dh/2) ops.rope_table, computed once
     sin: np.ndarray               # (context_length, Dh/2)
+    all_reduce: Callable[[np.ndarray], np.ndarray] = no_reduce  # (N, D) partial sums -> the sum over ranks
 
     @classmethod
     def build(cls, config: ModelConfig, ops) -> LayerContext:
@@ -173,6 +181,6 @@ def decoder_layer(x: np.ndarray, weights: LayerWeights, layer: int, cache: KVCac
     """One pre-norm decoder layer on the hidden states x (N, D) of a flat batch -> (N, D)."""
     eps, ops = ctx.config.rms_eps, ctx.ops
     normed = ops.rms_norm(x, weights.attn_norm, eps)                      # (N, D)
-    h = x + self_attention(normed, weights, layer, cache, meta, ctx)      # (N, D)
+    h = x + ctx.all_reduce(self_attention(normed, weights, layer, cache, meta, ctx))  # (N, D)
     normed = ops.rms_norm(h, weights.mlp_norm, eps)                       # (N, D)
-    return h + swiglu_mlp(normed, weights, ops)                           # (N, D)
+    return h + ctx.all_reduce(swiglu_mlp(normed, weights, ops))           # (N, D)

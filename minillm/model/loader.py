@@ -19,6 +19,7 @@ pairs - no weight is touched. ``unpermute_qk_rows`` below converts to the Huggin
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,8 @@ LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up
 LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 QK_NORM_FIELDS = ("q_norm", "k_norm")
 
+Keep = Callable[[ModelConfig], Callable[[str, Weight], Weight]]  # see read_weights
+
 
 def load_model(path: str | Path | None = None, backend: str = "numba", activations: str = "fp32") -> Model:
     """A ``Model`` from a .gguf file or a Hugging Face directory; None -> the default model.
@@ -60,23 +63,35 @@ def load_model(path: str | Path | None = None, backend: str = "numba", activatio
     ``activations``: "fp32" (exact: greedy tokens equal transformers') or "int8" (the inputs of the
     quantized linear layers' matvecs are quantized to int8 blocks, as llama.cpp does; numba only).
     """
-    check_activations(activations)
-    if activations == "int8" and backend != "numba":
-        raise ValueError(f"activations='int8' runs on the numba backend only, not on {backend!r}")
+    check_load_options(backend, activations)
     if path is None:
         from minillm.model.fetch import cached_model_path, fetch
 
         path = cached_model_path() or fetch()
-    path = Path(path)
-    if path.is_dir():
-        config, weights = load_hf_weights(path)
-    elif path.is_file():
-        config, weights = load_gguf_weights(path)
-    else:
-        raise FileNotFoundError(f"no model at {path}: expected a .gguf file or a Hugging Face model directory")
+    config, weights = read_weights(Path(path))
     if backend == "numba":
         weights = repack_linear_weights(weights, activations)
     return Model(config, weights, get_backend(backend))
+
+
+def check_load_options(backend: str, activations: str) -> None:
+    check_activations(activations)
+    if activations == "int8" and backend != "numba":
+        raise ValueError(f"activations='int8' runs on the numba backend only, not on {backend!r}")
+
+
+def read_weights(path: Path, keep: Keep | None = None) -> tuple[ModelConfig, ModelWeights]:
+    """Config and weights of a .gguf file or a Hugging Face directory, as the file stores them.
+
+    ``keep(config)``, if given, returns a function (field, weight) -> the part of it to keep: a
+    tensor-parallel rank keeps its shard (minillm/model/sharding.py). It runs on each tensor as
+    read, before a layer's matrices are stacked, so a GGUF file's other parts are never copied.
+    """
+    if path.is_dir():
+        return load_hf_weights(path, keep)
+    if path.is_file():
+        return load_gguf_weights(path, keep)
+    raise FileNotFoundError(f"no model at {path}: expected a .gguf file or a Hugging Face model directory")
 
 
 def repack_linear_weights(weights: ModelWeights, activations: str) -> ModelWeights:
@@ -97,34 +112,39 @@ def repack_linear_weights(weights: ModelWeights, activations: str) -> ModelWeigh
 # -----------------------------------------------------------------------------
 # the two formats
 
-def load_gguf_weights(path: Path) -> tuple[ModelConfig, ModelWeights]:
+def load_gguf_weights(path: Path, keep: Keep | None = None) -> tuple[ModelConfig, ModelWeights]:
     """Config and weights of a GGUF file; quantized tensors stay packed (zero-copy views of the file)."""
     gguf = GGUFFile(path)
     config = ModelConfig.from_gguf(gguf)  # refuses architectures other than llama and qwen3
-    return config, _assemble(config, GGUF_NAMES, gguf.tensors, gguf.tensor, path)
+    return config, _assemble(config, GGUF_NAMES, gguf.tensors, gguf.tensor, path, keep)
 
 
-def load_hf_weights(path: Path) -> tuple[ModelConfig, ModelWeights]:
+def load_hf_weights(path: Path, keep: Keep | None = None) -> tuple[ModelConfig, ModelWeights]:
     """Config and fp32 weights of a Hugging Face directory (config.json + *.safetensors)."""
     config_dict, tensors = load_hf_directory(path)
     config = ModelConfig.from_hf_config(config_dict)  # refuses model types other than llama and qwen3
-    return config, _assemble(config, HF_NAMES, tensors, tensors.__getitem__, path)
+    return config, _assemble(config, HF_NAMES, tensors, tensors.__getitem__, path, keep)
 
 
-def _assemble(config: ModelConfig, names: dict[str, str], available, read, path: Path) -> ModelWeights:
+def _assemble(config: ModelConfig, names: dict[str, str], available, read, path: Path,
+              keep: Keep | None) -> ModelWeights:
     """ModelWeights from the tensors named by ``names``; ``read(name)`` returns one of ``available``."""
-    def tensor(name: str) -> Weight:
+    part = keep(config) if keep is not None else None
+
+    def tensor(field: str, name: str) -> Weight:
         if name not in available:
             raise ValueError(f"{path} has no tensor {name!r}, which a {config.architecture} model needs")
-        return _as_weight(read(name), name)
+        weight = _as_weight(read(name), name)
+        return weight if part is None else part(field, weight)
 
     fields = LAYER_FIELDS + (QK_NORM_FIELDS if config.qk_norm else ())
-    layers = [LayerWeights(**{f: tensor(names["layer"].format(i=i) + names[f]) for f in fields})
+    layers = [LayerWeights(**{f: tensor(f, names["layer"].format(i=i) + names[f]) for f in fields})
               for i in range(config.n_layers)]
-    embedding = tensor(names["embedding"])
+    embedding = tensor("embedding", names["embedding"])
     # A tied model uses the embedding as LM head (a checkpoint may still carry a copy of it).
-    lm_head = embedding if config.tied_embeddings else tensor(names["lm_head"])
-    return ModelWeights(embedding=embedding, layers=layers, final_norm=tensor(names["final_norm"]), lm_head=lm_head)
+    lm_head = embedding if config.tied_embeddings else tensor("lm_head", names["lm_head"])
+    return ModelWeights(embedding=embedding, layers=layers, final_norm=tensor("final_norm", names["final_norm"]),
+                        lm_head=lm_head)
 
 
 def _as_weight(t: np.ndarray | QMatrix, name: str) -> Weight:

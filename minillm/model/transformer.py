@@ -66,12 +66,19 @@ class Model:
             num_layers = self.config.n_layers
         elif not 1 <= num_layers <= self.config.n_layers:
             raise ValueError(f"num_layers must lie in [1, {self.config.n_layers}], got {num_layers}")
-        x = embed(token_ids, weights.embedding, ops)         # (N, D)
+        x = self.embed(token_ids)                             # (N, D)
         for layer, layer_weights in enumerate(weights.layers[:num_layers]):
             x = decoder_layer(x, layer_weights, layer, cache, meta, self.context)  # (N, D)
         x = x[meta.logits_indices]                            # (L, D) norm and LM head only where asked
         x = ops.rms_norm(x, weights.final_norm, self.config.rms_eps)  # (L, D)
-        return linear(x, weights.lm_head, ops)                # (L, V)
+        return self.lm_head(x)                                # (L, V)
+
+    # a rank of a tensor-parallel model holds a slice of the vocabulary: it overrides these two
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        return embed(token_ids, self.weights.embedding, self.ops)  # (N, D)
+
+    def lm_head(self, x: np.ndarray) -> np.ndarray:
+        return linear(x, self.weights.lm_head, self.ops)           # (L, V)
 
     def new_cache(self, n_slots: int, max_len: int) -> ContiguousKVCache:
         """A contiguous KV cache for ``n_slots`` sequences of up to ``max_len`` tokens each."""

@@ -22,6 +22,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from minillm.runtime.paged_cache import bytes_per_token
 from minillm.runtime.scheduler import Scheduler, SchedulerOutput
 from minillm.runtime.speculative import SpeculativeConfig, SpeculativeDecoder
 from minillm.runtime.sequence import Sequence, SequenceTimes
+
+if TYPE_CHECKING:  # torch loads only when a group is started
+    from minillm.runtime.tensor_parallel import TensorParallelGroup
 
 FINISH_ABORT = "abort"
 
@@ -108,6 +112,7 @@ class EngineStats:
     """One snapshot of the engine: load, KV cache, cumulative counters and the limits it enforces."""
     num_running: int
     num_waiting: int
+    num_prefill_tokens: int        # prompt tokens not yet computed, waiting and running sequences together
     kv_cache_usage: float          # fraction of KV blocks in use, 0..1
     num_blocks: int
     num_free_blocks: int
@@ -155,20 +160,25 @@ class LLMEngine:
     def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache_bytes: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
                  jump_forward: bool = True, speculative: dict | None = None, max_n: int | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, tensor_parallel: TensorParallelGroup | None = None):
         """``jump_forward``: append the tokens a structured-output constraint forces without a forward each.
         ``kv_cache_bytes`` None: ``default_kv_cache_bytes()``. ``max_n``: the most completions one request
         may ask for (None: ``max_num_seqs``, since a request's n sequences run side by side).
-        ``max_model_len``: a shorter limit on prompt + completion than the context and the KV cache allow."""
+        ``max_model_len``: a shorter limit on prompt + completion than the context and the KV cache allow.
+        ``tensor_parallel``: the group whose rank 0 ``model`` is (its shard); ``kv_cache_bytes`` is then
+        each rank's budget."""
         if max_n is not None and max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {max_n}")
+        if tensor_parallel is not None and speculative is not None:
+            raise ValueError("speculative decoding does not run with tensor parallelism: pass one or the other")
         self.model, self.tokenizer = model, tokenizer
         self.jump_forward = jump_forward
         kv_cache_bytes = default_kv_cache_bytes() if kv_cache_bytes is None else kv_cache_bytes
         self.block_manager = BlockManager.from_memory_budget(kv_cache_bytes, bytes_per_token(model.config), block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.max_n = min(max_num_seqs, max_n or max_num_seqs)
-        self.runner = ModelRunner(model, self.block_manager)
+        self.runner = (ModelRunner(model, self.block_manager) if tensor_parallel is None
+                       else tensor_parallel.runner(self.block_manager))
         self.sampler = Sampler(eos_token_ids=[] if tokenizer.eos_id is None else [tokenizer.eos_id])
         # The longest sequence one request may ask for: the context, or the whole KV cache if smaller.
         longest = min(model.config.context_length, self.block_manager.num_blocks * block_size)
@@ -351,7 +361,7 @@ class LLMEngine:
         while bm.num_slots(seq.seq_id) < seq.num_tokens:
             _, copy = bm.append_slot(seq.seq_id, seq.token_ids[:bm.num_slots(seq.seq_id) + 1])
             if copy is not None:  # a shared partial block (n > 1): its K/V are computed, copy them now
-                self.runner.cache.copy_block(*copy)
+                self.runner.copy_block(*copy)
 
     def _forks_due(self, seq: Sequence) -> list[Sequence]:
         """Siblings of a request's first sequence join when its prompt prefill completes."""
@@ -392,8 +402,10 @@ class LLMEngine:
             spec_decode_num_draft_tokens=self.speculative.stats.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.speculative.stats.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=tuple(self.speculative.stats.accepted_per_pos))
+        prefill_tokens = sum(seq.num_uncomputed for seq in (*scheduler.waiting, *scheduler.running) if seq.is_prefill)
         return EngineStats(
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_cache_usage=bm.usage,
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_prefill_tokens=prefill_tokens, kv_cache_usage=bm.usage,
             num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
             prefix_cache_queries=bm.prefix_cache_queries, prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=scheduler.num_preemptions, max_model_len=self.max_model_len,

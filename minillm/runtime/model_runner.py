@@ -38,6 +38,10 @@ class ModelRunner:
             logits_indices=np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
         return token_ids, meta
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy-on-write between steps: block dst gets block src's K/V."""
+        self.cache.copy_block(src, dst)
+
     def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]]) -> np.ndarray:
         """Copy-on-write first, then one forward -> logits (rows: 1 + len(draft) per sampling sequence, V)."""
         for src, dst in copies:

@@ -133,12 +133,14 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
          model_name: str | None = None, max_model_len: int | None = None, api_key: str | None = None,
          protect_metrics: bool = False, request_timeout: float | None = 600.0, max_request_tokens: int | None = 32768,
          max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
-         log_level: str = "info", speculative: dict | None = None, max_queued_tokens: int | None = 16384) -> int:
+         log_level: str = "info", speculative: dict | None = None, max_queued_tokens: int | None = 16384,
+         tensor_parallel_size: int = 1) -> int:
     """``minillm serve``: load the model, print how to call it, serve until SIGTERM or Ctrl-C (``shutdown.py``)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api_key = auth.resolve_api_key(api_key, protect_metrics)  # a bad combination fails before the model loads
     llm = LLM(model, activations=activations, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes,
-              max_n=max_n, speculative=speculative, max_model_len=max_model_len)
+              max_n=max_n, speculative=speculative, max_model_len=max_model_len,
+              tensor_parallel_size=tensor_parallel_size)
     app = create_app(llm, model_name=model_name, max_waiting=max_waiting, api_key=api_key,
                      protect_metrics=protect_metrics, request_timeout=request_timeout,
                      max_request_tokens=max_request_tokens, max_body_bytes=max_body_bytes,
@@ -149,4 +151,7 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
           f"try:  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{key_header} \\\n"
           f"        -d '{{\"model\": \"{name}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}]}}'",
           flush=True)
-    return shutdown.serve(app, host, port, drain_timeout, log_level)
+    try:
+        return shutdown.serve(app, host, port, drain_timeout, log_level)
+    finally:
+        llm.close()  # the tensor-parallel ranks, if any

@@ -1,0 +1,360 @@
+"""N engine replicas on Ray Serve behind one OpenAI-compatible endpoint (**data parallelism**, 数据并行).
+
+Each replica is a whole engine - the model, its own paged KV cache and prefix cache, its engine
+thread (``AsyncEngine``) - in a Ray actor of its own, deployed by Ray Serve as one deployment per
+replica. In front, in this process, the app of ``minillm serve`` (``create_app``: the same routes,
+keys and limits, not a copy) tokenizes, checks, and hands each request to ``ReplicaSet``, which
+takes the ``AsyncEngine``'s place: it asks a policy of ``router.py`` for a replica and streams that
+replica's tokens back through Ray Serve's handle (``handle.options(stream=True)``):
+
+    client --HTTP--> routes (tokenize, check) --> ReplicaSet.submit --policy.choose(prompt, loads)-->
+        replica-i.generate (Ray Serve streaming call) --> its AsyncEngine --> its LLMEngine
+    each step's StepOutputs <-- yielded back, as from a local engine thread
+
+Why not Ray Serve's own ``RequestRouter`` (alpha in 2.60, ``request_router_config``): it would
+plug the same policy in, but the replicas' figures reach it through the controller on a polling
+period (stale loads), and a caller cannot address one replica to read its prefix-cache counters.
+Here the front knows each replica's load exactly (the requests it has in flight there: what the
+replica runs or queues), and ``stats()`` asks each replica for its ``EngineStats``.
+
+Errors cross the actor boundary as values (``Refusal``): the engine's ``RequestRejected`` becomes
+the same 400 naming the same field, a full queue the same 503, a failure mid-stream the same error
+event. A client that leaves cancels the Ray call, and the replica aborts the request. ``/metrics``
+of the front is the front's own (its engine idles); each replica's figures come from ``stats()``.
+
+    with Replicas(model, num_replicas=2, routing="cache-aware") as replicas:
+        with BackgroundServer(replicas.app) as server: ...      # an OpenAI endpoint at server.url
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from minillm.generation.sampling import SamplingParams
+from minillm.llm import LLM
+from minillm.runtime.engine import EngineStats, StepOutput
+from minillm.runtime.errors import RequestRejected
+from minillm.serve import auth, body_limit, shutdown
+from minillm.serve.app import GRACEFUL_SHUTDOWN_S, BackgroundServer, create_app, served_model_name
+from minillm.serve.async_engine import ACCEPTED, AsyncEngine, EngineFailure
+from minillm.serve.errors import APIError
+from minillm.serve.loadgen import RequestResult, build_prompts, send_request, send_times, summarize
+from minillm.serve.metrics import ServerMetrics
+from minillm.serve.router import make_policy
+
+RAY_OBJECT_STORE_BYTES = 150 << 20  # the replicas pass small messages only: a small store starts fast
+
+
+@dataclass
+class Refusal:
+    """A request's failure, sent back from a replica as a value (exceptions with extra fields do not
+    survive pickling). ``param`` set: the engine's RequestRejected."""
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+    def exception(self) -> Exception:
+        if self.param is not None:
+            return RequestRejected(self.message, self.param, self.code)
+        if self.status == 503:
+            return APIError(503, self.message)
+        failure = EngineFailure(self.message)
+        failure.status = self.status  # 500, or 504 for a timeout
+        return failure
+
+
+# -----------------------------------------------------------------------------------------------
+# One replica: an engine in a Ray actor
+
+
+class EngineReplica:
+    """A whole engine in a Ray Serve replica; ``generate`` streams one request's step outputs."""
+
+    def __init__(self, model: str, threads: int, engine_args: dict, server_args: dict):
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # Ray sets OMP_NUM_THREADS itself
+        self.llm = LLM(model, **engine_args)
+        self.metrics = ServerMetrics(served_model_name(self.llm), self.llm.engine.stats())
+        self.engine = AsyncEngine(self.llm.engine, self.metrics, **server_args)
+        self.engine.start()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str):
+        """ACCEPTED (or a Refusal), then each step's ``list[StepOutput]`` (or a Refusal mid-stream)."""
+        try:
+            stream = await self.engine.submit(prompt_ids, params, request_id, time.perf_counter())
+        except RequestRejected as e:
+            yield Refusal(400, e.message, e.param, e.code)
+            return
+        except APIError as e:
+            yield Refusal(e.status, e.message)
+            return
+        yield ACCEPTED
+        try:  # a cancelled call (the client left) raises CancelledError here: close() aborts the request
+            async for outputs in stream:
+                yield outputs
+        except EngineFailure as e:
+            yield Refusal(e.status, str(e))
+        finally:
+            stream.close()
+
+    def stats(self) -> EngineStats:
+        """The engine's snapshot after its latest step (read without touching the engine)."""
+        return self.metrics.engine_stats.stats
+
+    def __del__(self):
+        self.engine.stop()
+
+
+# -----------------------------------------------------------------------------------------------
+# The front: what the routes see as ``app.state.engine``
+
+
+class ReplicaStream:
+    """One request on one replica, as the routes see a ``RequestStream``: ``async for`` its step
+    outputs; ``close()`` cancels the call (the replica aborts the request)."""
+
+    def __init__(self, responses, on_done):
+        self.responses, self.on_done, self.done = responses, on_done, False
+
+    async def first(self) -> None:
+        """The replica's answer to the request: accepted, or the exception it was refused with."""
+        item = await self.responses.__anext__()
+        if isinstance(item, Refusal):
+            self.finish()
+            raise item.exception()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> list[StepOutput]:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            item = await self.responses.__anext__()
+        except StopAsyncIteration:
+            self.finish()
+            raise
+        if isinstance(item, Refusal):
+            self.finish()
+            raise item.exception()
+        return item
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self.on_done()
+
+    def close(self) -> None:
+        if not self.done:
+            self.responses.cancel()
+            self.finish()
+
+
+class ReplicaSet:
+    """The replicas' handles and a routing policy, in the place of the ``AsyncEngine`` (same methods)."""
+
+    def __init__(self, handles: list, llm: LLM, routing: str):
+        self.handles, self.llm = handles, llm
+        limits = llm.engine.stats()
+        self.policy = make_policy(routing, limits.block_size)
+        self.max_model_len = limits.max_model_len
+        self.in_flight = [0] * len(handles)  # each replica's load: requests sent there and not finished
+        self.routed = [0] * len(handles)     # cumulative: requests sent to each replica
+        self.stopping = False
+        self.on_death = None                 # shutdown.serve sets it; Ray Serve restarts a replica that dies
+
+    @property
+    def alive(self) -> bool:
+        return not self.stopping
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The engine's checks that need no prompt: the replicas run the same engine, so the local one answers."""
+        self.llm.engine.check_params(params)
+
+    async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                     arrival: float) -> ReplicaStream:
+        """Route the request, start it there; returns once that replica accepted it (raises as
+        ``AsyncEngine.submit`` does: RequestRejected, APIError 503)."""
+        if self.stopping:
+            raise APIError(503, "the engine is not running (the server is shutting down)")
+        replica = self.policy.choose(prompt_ids, self.in_flight)
+        self.in_flight[replica] += 1
+        self.routed[replica] += 1
+
+        def done():
+            self.in_flight[replica] -= 1
+        responses = self.handles[replica].options(stream=True).generate.remote(prompt_ids, params, request_id)
+        stream = ReplicaStream(responses, done)
+        try:
+            await stream.first()
+        except asyncio.CancelledError:  # the client left before the replica answered
+            stream.close()
+            raise
+        return stream
+
+    async def stats(self) -> list[EngineStats]:
+        """Each replica's latest ``EngineStats`` (load, KV cache, prefix-cache counters), in order."""
+        return list(await asyncio.gather(*(handle.stats.remote() for handle in self.handles)))
+
+
+# -----------------------------------------------------------------------------------------------
+# Starting it all
+
+
+def start_ray(num_cpus: int) -> None:
+    """A local Ray cluster sized for this box: no dashboard, a small object store, quiet logs."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, object_store_memory=RAY_OBJECT_STORE_BYTES, include_dashboard=False,
+                 logging_level=logging.WARNING, log_to_driver=False)
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per deployment step
+
+
+class Replicas:
+    """``num_replicas`` engines of ``threads`` threads each on Ray Serve, and ``app``: the OpenAI routes
+    in front of them, routing by ``routing`` (see ``router.POLICIES``). ``app_options`` go to
+    ``create_app`` (API key, body limit, origins ...); ``engine_args`` to each replica's ``LLM``."""
+
+    def __init__(self, model: str | Path | None = None, num_replicas: int = 2, routing: str = "cache-aware",
+                 threads: int = 1, max_waiting: int = 128, request_timeout: float | None = None,
+                 max_request_tokens: int | None = None, app_options: dict | None = None, **engine_args):
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        make_policy(routing)  # a bad name fails before anything starts
+        try:
+            from ray import serve
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(f"replicas run on Ray Serve, which is not installed ({e}): "
+                                      f"pip install 'ray[serve]' (make install does)") from None
+        self.llm = LLM(model, **engine_args)  # the front's tokenizer and checks; it never steps
+        start_ray(num_cpus=num_replicas * threads)
+        serve.start(proxy_location="Disabled")  # the endpoint is ours (uvicorn), not Serve's HTTP proxy
+        deployment = serve.deployment(EngineReplica, ray_actor_options={"num_cpus": threads},
+                                      max_ongoing_requests=max_waiting + engine_args.get("max_num_seqs", 32),
+                                      graceful_shutdown_wait_loop_s=0.2)  # Serve's 2 s: seconds per deletion
+        server_args = {"max_waiting": max_waiting, "request_timeout": request_timeout,
+                       "max_request_tokens": max_request_tokens}
+        apps = [deployment.options(name=f"replica-{i}").bind(str(self.llm.path), threads, engine_args, server_args)
+                for i in range(num_replicas)]
+        self.app_names = [f"minillm-replica-{i}" for i in range(num_replicas)]
+        handles = serve.run_many([serve.RunTarget(app, name, route_prefix=None)  # all start at once
+                                  for app, name in zip(apps, self.app_names)])
+        self.replicas = ReplicaSet(handles, self.llm, routing)
+        # The one-process app, whole (routes, API keys, limits, access log), with the replicas in the
+        # engine's place: the routes find the engine in app.state. Its own engine thread, started by the
+        # app's lifespan, sleeps: no request reaches it.
+        self.app = create_app(self.llm, **server_args, **(app_options or {}))
+        self.app.state.engine = self.replicas
+
+    def shutdown(self) -> None:
+        """Delete the replicas (Ray and Serve's controller stay up for the next ``Replicas``)."""
+        from ray import serve
+
+        self.replicas.stopping = True
+        for name in self.app_names:
+            serve.delete(name)
+
+    def __enter__(self) -> Replicas:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+# -----------------------------------------------------------------------------------------------
+# Measuring a routing policy: prompts that share a few system prompts
+
+
+@dataclass
+class SharedPrefixWorkload:
+    """``num_requests`` prompts, each one of ``num_prefixes`` system prompts (``prefix_len`` random
+    tokens) and its own ``suffix_len`` tokens, in a shuffled order (so that no policy is lucky with
+    a pattern), sent as token ids at ``request_rate`` per second (Poisson)."""
+    num_prefixes: int = 4
+    prefix_len: int = 192
+    suffix_len: int = 16
+    num_requests: int = 24
+    output_len: int = 16
+    request_rate: float = 1.0
+    seed: int = 0
+
+    def prompts(self, tokenizer) -> list[list[int]]:
+        per_prefix = -(-self.num_requests // self.num_prefixes)
+        groups = [build_prompts(tokenizer, per_prefix, self.suffix_len, self.prefix_len, self.seed + 1 + k,
+                                token_ids=True) for k in range(self.num_prefixes)]
+        every = [group[i] for i in range(per_prefix) for group in groups][:self.num_requests]
+        order = np.random.default_rng(self.seed).permutation(len(every))
+        return [every[i] for i in order]
+
+
+async def send_workload(url: str, model: str, prompts: list[list[int]], output_len: int, request_rate: float,
+                        seed: int) -> dict:
+    """Send the prompts by ``loadgen``'s arrival schedule, each a ``loadgen`` streamed request; its summary."""
+    at = send_times(len(prompts), request_rate, seed)
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=httpx.Limits(max_connections=None)) as client:
+        async def one(i: int) -> RequestResult:
+            await asyncio.sleep(max(0.0, start + at[i] - time.perf_counter()))
+            return await send_request(client, model, prompts[i], output_len, len(prompts[i]))
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+        return summarize(results, time.perf_counter() - start)
+
+
+async def warm_up(replicas: ReplicaSet) -> None:
+    """One short request on every replica, past the router: the first steps compile and fill caches."""
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    for i, handle in enumerate(replicas.handles):
+        async for _ in handle.options(stream=True).generate.remote([1, 2, 3], params, f"warm-up-{i}"):
+            pass
+
+
+async def measure_routing(routing: str, workload: SharedPrefixWorkload, num_replicas: int = 2, threads: int = 1,
+                          model: str | Path | None = None, **engine_args) -> dict:
+    """Fresh replicas, ``workload`` through the HTTP endpoint: loadgen's figures (TTFT, throughput ...),
+    the prefix-cache hit rate over the replicas (prompt tokens found cached / looked up) and the
+    requests each replica got. A coroutine, so that a notebook can await it (starting and deleting
+    the replicas block it for seconds: nothing else runs on its loop meanwhile)."""
+    with Replicas(model, num_replicas, routing, threads, **engine_args) as replicas, \
+            BackgroundServer(replicas.app) as server:
+        await warm_up(replicas.replicas)
+        before, routed = await replicas.replicas.stats(), list(replicas.replicas.routed)
+        prompts = workload.prompts(replicas.llm.tokenizer)
+        summary = await send_workload(server.url, replicas.app.state.model_name, prompts, workload.output_len,
+                                      workload.request_rate, workload.seed)
+        after = await replicas.replicas.stats()
+        per_replica = [now - then for now, then in zip(replicas.replicas.routed, routed)]
+    hits = sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before))
+    queries = sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before))
+    return {"routing": routing, "num_replicas": num_replicas, "threads_per_replica": threads,
+            "prefix_cache_hit_rate": hits / queries, "requests_per_replica": per_replica, **summary}
+
+
+def main(num_replicas: int = 2, routing: str = "cache-aware", threads: int = 1, host: str = "127.0.0.1",
+         port: int = 8000, model: str | None = None, max_waiting: int = 128, request_timeout: float | None = 600.0,
+         max_request_tokens: int | None = 32768, api_key: str | None = None, protect_metrics: bool = False,
+         model_name: str | None = None, max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES,
+         allowed_origins: list[str] = (), enable_docs: bool = False, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
+         log_level: str = "info", **engine_args) -> int:
+    """``minillm serve --replicas N``: ``app.main`` with N replicas behind the routes (same options)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    api_key = auth.resolve_api_key(api_key, protect_metrics)  # a bad combination fails before anything starts
+    app_options = dict(model_name=model_name, api_key=api_key, protect_metrics=protect_metrics,
+                       max_body_bytes=max_body_bytes, allowed_origins=allowed_origins, enable_docs=enable_docs)
+    with Replicas(model, num_replicas, routing, threads, max_waiting, request_timeout, max_request_tokens,
+                  app_options, **engine_args) as replicas:
+        url = f"http://{host}:{port}"
+        print(f"minillm serving {replicas.app.state.model_name} at {url}/v1 from {num_replicas} replicas on Ray "
+              f"Serve ({threads} thread(s) each, {routing} routing). Ctrl-C stops it.", flush=True)
+        return shutdown.serve(replicas.app, host, port, drain_timeout, log_level)

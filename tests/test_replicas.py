@@ -1,0 +1,153 @@
+"""Two engine replicas (one thread each) on Ray Serve behind the OpenAI routes, on the real model.
+
+One Ray cluster and one endpoint serve the whole module. A handful of the server suite's cases run
+through the router unchanged (imported from test_server.py: the same assertions, this module's
+``server``); the rest checks what replicas add: errors and disconnects crossing the actor boundary
+leave no KV block held on any replica, concurrent requests spread over both replicas and still
+give the one-by-one greedy texts, and the cache-aware policy keeps a shared prefix on one replica,
+whose prefix cache then hits.
+"""
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+import ray
+
+from minillm.serve.app import BackgroundServer
+from minillm.serve.replicas import Replicas
+from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion,  # noqa: F401 (fixtures)
+                         test_chat_answers_like_transformers, test_chat_stream_is_the_same_text_in_openai_chunks,
+                         test_completion_stops_at_max_tokens, test_models_and_health,
+                         test_n_choices_are_indexed_and_each_finishes_once, test_stop_strings_are_cut_out,
+                         test_token_id_prompts_equal_text_prompts, test_usage_counts_are_the_tokenizers, wait_until)
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = ("You are a patient assistant for a bicycle repair shop. Answer in one short sentence, name the tool "
+          "needed, and never recommend a competitor. Prices are in euros and include labour.")
+
+
+@pytest.fixture(scope="module")
+def replicas(smollm2_path):
+    with Replicas(smollm2_path, num_replicas=2, routing="cache-aware", threads=1, max_num_seqs=32,
+                  kv_cache_bytes=32 << 20) as replicas:
+        yield replicas
+    ray.shutdown()  # the rest of the suite runs without Ray's processes
+
+
+@pytest.fixture(scope="module")
+def server(replicas):
+    with BackgroundServer(replicas.app) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def llm(replicas):
+    return replicas.llm
+
+
+def replica_stats(replicas):
+    return asyncio.run(replicas.replicas.stats())
+
+
+def assert_every_replica_idle(replicas) -> None:
+    """No request left on any replica and every KV block back in its pool (their engines' own figures)."""
+    def idle():
+        return all(s.num_running == s.num_waiting == 0 and s.num_free_blocks == s.num_blocks
+                   for s in replica_stats(replicas)) and replicas.replicas.in_flight == [0, 0]
+    wait_until(idle, "every replica is idle with all its blocks free", timeout=60)
+
+
+def test_a_replicas_rejection_is_the_same_400_naming_the_field(server, model, replicas):
+    """Only the replica's engine checks a prompt + completion against the context: its RequestRejected
+    crosses the actor boundary and reaches the client as the one-process server answers it."""
+    limit = replicas.llm.engine.stats().max_model_len
+    with httpx.Client(base_url=server.url, timeout=None) as http:
+        response = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": limit})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("max_tokens", "context_length_exceeded")
+        assert f"maximum context length is {limit} tokens" in error["message"]
+        response = http.post("/v1/completions", json={"model": model, "prompt": "hi", "n": 33})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "n"
+    assert_every_replica_idle(replicas)
+
+
+def test_concurrent_streams_spread_over_the_replicas_and_give_the_one_by_one_greedy_texts(client, model, server,
+                                                                                          replicas):
+    ask = dict(model=model, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    alone = [client.completions.create(prompt=p, **ask).choices[0].text for p in PROMPTS]
+    before = list(replicas.replicas.routed)
+
+    async def stream_one(http: httpx.AsyncClient, prompt: str) -> str:
+        body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        text = ""
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        return text
+
+    async def all_at_once() -> list[str]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=None) as http:
+            return await asyncio.gather(*(stream_one(http, p) for p in PROMPTS * 2))
+
+    assert asyncio.run(all_at_once()) == alone * 2
+    sent = [after - earlier for after, earlier in zip(replicas.replicas.routed, before)]
+    assert sum(sent) == 16 and min(sent) > 0  # short prompts have no full block: the least loaded takes each
+    assert_every_replica_idle(replicas)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_the_replica(server, model, replicas):
+    body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=None) as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            texts = 0
+            for line in response.iter_lines():
+                texts += line.startswith("data: ")
+                if texts == 3:
+                    break
+            assert sum(s.num_running for s in replica_stats(replicas)) == 1
+    assert_every_replica_idle(replicas)  # closed: the front cancels the Ray call, the replica aborts it
+
+
+def test_cache_aware_routing_keeps_a_shared_prefix_on_one_replica_where_it_hits(client, model, replicas):
+    block_size = replicas.llm.engine.stats().block_size
+    system_blocks = len(replicas.llm.chat_prompt([{"role": "system", "content": SYSTEM}])) // block_size
+    assert system_blocks >= 2  # the shared part spans several full blocks
+    before_routed, before = list(replicas.replicas.routed), replica_stats(replicas)
+    for question in ("How do I fix a flat tyre?", "My chain skips.", "Brakes squeal.", "Adjust my saddle?"):
+        client.chat.completions.create(model=model, max_tokens=2, temperature=0, messages=[
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+    sent = [after - earlier for after, earlier in zip(replicas.replicas.routed, before_routed)]
+    assert sorted(sent) == [0, 4]  # one after another, all idle: every one goes where the prefix is
+    owner = sent.index(4)
+    after = replica_stats(replicas)
+    hits = after[owner].prefix_cache_hits - before[owner].prefix_cache_hits
+    assert hits >= 3 * system_blocks * block_size  # the 2nd, 3rd and 4th found the system prompt's blocks
+
+
+def test_bad_replica_settings_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="num_replicas must be >= 1"):
+        Replicas(num_replicas=0)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        Replicas(threads=0)
+    with pytest.raises(ValueError, match="routing must be one of"):
+        Replicas(routing="random")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--routing", "round-robin"], "--routing chooses among replicas: give --replicas N too"),
+    (["--replicas", "0"], "num_replicas must be >= 1, got 0"),
+    (["--replicas", "2", "--routing", "random"], "invalid choice: 'random'"),
+])
+def test_serve_refuses_bad_replica_flags_by_name(flags, message):
+    run = subprocess.run([sys.executable, "-m", "minillm.cli", "serve", *flags], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
