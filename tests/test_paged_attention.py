@@ -8,6 +8,7 @@ slot no sequence owns holds NaN, so a kernel that reads past a sequence's end, o
 padding entry of a block table, returns NaN and fails.
 """
 import numpy as np
+import psutil
 import pytest
 
 from minillm.kernels import reference
@@ -201,6 +202,17 @@ def test_bytes_per_token_is_what_the_cache_arrays_take():
                           n_kv_heads=3, head_dim=64, rope_theta=100000.0, rope_style="pairs", rms_eps=1e-5,
                           vocab_size=49152, tied_embeddings=True, qk_norm=False, context_length=8192)
     assert bytes_per_token(smollm2) == 2 * 30 * 3 * 64 * 4  # K and V, 30 layers, 3 kv heads of 64 floats
+
+
+def test_commit_makes_the_whole_cache_resident_at_once():
+    # np.zeros reserves address space; commit() must turn all of it into memory now (RSS, the kernel's count)
+    process = psutil.Process()
+    cache = PagedKVCache(CONFIG, num_blocks=4096, block_size=16)  # 2 x 64 MiB
+    before = process.memory_info().rss
+    cache.commit()
+    grown = process.memory_info().rss - before
+    assert grown > 0.9 * (cache.k.nbytes + cache.v.nbytes), grown
+    assert not cache.k.any() and not cache.v.any()
 
 
 def test_metadata_build_pads_the_tables_and_maps_each_new_token_to_its_slot():

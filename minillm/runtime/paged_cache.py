@@ -90,6 +90,13 @@ class PagedKVCache:
         self.k = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
         self.v = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
 
+    def commit(self) -> None:
+        """Write every page of the K/V arrays now. ``np.zeros`` only reserves address space: the
+        pages become memory when first written, so without this the process grows block by block
+        as requests (and the prefix cache) reach further into the pool, up to the whole budget."""
+        self.k.fill(0)
+        self.v.fill(0)
+
     def check(self, meta: AttentionMetadata) -> None:
         """The batch must say where its keys live (block tables, slot mapping); the kernels check those."""
         if not isinstance(meta, PagedAttentionMetadata):
