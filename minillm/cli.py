@@ -123,6 +123,7 @@ def _serve(args) -> int:
                       protect_metrics=args.protect_metrics, request_timeout=args.request_timeout or None,
                       max_request_tokens=args.max_request_tokens or None, max_body_bytes=args.max_body_bytes or None,
                       drain_timeout=args.drain_timeout, tensor_parallel_size=args.tensor_parallel_size,
+                      max_queued_tokens=args.max_queued_tokens or None,
                       log_level=args.log_level, speculative=args.speculative_config)
 
 
@@ -223,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                         '(default: only the server\'s own chat page)')
     p.add_argument("--enable-docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
     p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
+    p.add_argument("--max-queued-tokens", type=int, default=16384,
+                   help="prompt tokens still to prefill beyond which a new request gets 503 (0: no limit)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="split the model over this many processes (torch.distributed, gloo; chapter 12)")
     _add_activations(p)

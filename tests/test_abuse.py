@@ -138,16 +138,26 @@ def test_a_client_leaving_mid_upload_is_no_internal_error(server, model, caplog)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_a_burst_is_not_refused_while_the_engine_has_places(server, model, monkeypatch):
-    async_engine, engine = server.app.state.engine, server.app.state.llm.engine
+@pytest.fixture
+def held_step(server, monkeypatch):
+    """The engine's next step waits for ``gate``; ``entered`` is set once it has begun: requests
+    sent meanwhile queue up behind a step that cannot finish."""
+    engine = server.app.state.llm.engine
     real_step, entered, gate = engine.step, threading.Event(), threading.Event()
 
-    def held_step():
+    def step():
         entered.set()
         gate.wait()
         return real_step()
 
-    monkeypatch.setattr(engine, "step", held_step)
+    monkeypatch.setattr(engine, "step", step)
+    yield entered, gate
+    gate.set()
+
+
+def test_a_burst_is_not_refused_while_the_engine_has_places(server, model, monkeypatch, held_step):
+    async_engine = server.app.state.engine
+    entered, gate = held_step
     monkeypatch.setattr(async_engine, "max_waiting", 2)
     body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
 
@@ -167,18 +177,12 @@ def test_a_burst_is_not_refused_while_the_engine_has_places(server, model, monke
     assert refused.status_code == 503
 
 
-def test_long_prompts_past_the_queued_token_bound_are_refused_short_ones_are_not(server, model, monkeypatch):
+def test_long_prompts_past_the_queued_token_bound_are_refused_short_ones_are_not(server, model, monkeypatch,
+                                                                                 held_step):
     async_engine, engine = server.app.state.engine, server.app.state.llm.engine
-    real_step, entered, gate = engine.step, threading.Event(), threading.Event()
-
-    def held_step():
-        entered.set()
-        gate.wait()
-        return real_step()
-
+    entered, gate = held_step
     long_prompt = "the cat sat on the mat and " * 20  # 140 tokens
     n_long = len(server.app.state.llm.tokenizer.encode(long_prompt))
-    monkeypatch.setattr(engine, "step", held_step)
     monkeypatch.setattr(async_engine, "max_queued_tokens", n_long + 50)
     body = {"model": model, "max_tokens": 1, "temperature": 0}
 

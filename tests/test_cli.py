@@ -78,10 +78,11 @@ def test_serve_takes_the_abuse_limits_as_flags():
     assert run.returncode == 2 and "JSON list" in run.stderr
 
 
-def test_serve_takes_a_tensor_parallel_size_but_not_with_replicas():
+def test_serve_takes_a_tensor_parallel_size_and_a_token_queue_bound():
     from minillm.cli import build_parser
 
     assert build_parser().parse_args(["serve"]).tensor_parallel_size == 1
+    assert build_parser().parse_args(["serve"]).max_queued_tokens == 16384
     assert build_parser().parse_args(["serve", "--tensor-parallel-size", "2"]).tensor_parallel_size == 2
     run = minillm("serve", "--replicas", "2", "--tensor-parallel-size", "2")
     assert run.returncode == 2 and "--tensor-parallel-size and --replicas" in run.stderr, run.stderr

@@ -4,11 +4,11 @@ One Ray cluster and one endpoint serve the whole module. A handful of the server
 through the router unchanged (imported from test_server.py: the same assertions, this module's
 ``server``); the rest checks what replicas add: errors and disconnects crossing the actor boundary
 leave no KV block held on any replica, concurrent requests spread over both replicas and still
-give the one-by-one greedy texts, and the cache-aware policy keeps a shared prefix on one replica,
-whose prefix cache then hits.
+give the one-by-one greedy texts, the cache-aware policy keeps a shared prefix on one replica,
+whose prefix cache then hits, and a replica that dies mid-stream ends its request with an error
+event while Ray Serve replaces it.
 """
 import asyncio
-import json
 import subprocess
 import sys
 
@@ -18,7 +18,7 @@ import ray
 
 from minillm.serve.app import BackgroundServer
 from minillm.serve.replicas import Replicas
-from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion,  # noqa: F401 (fixtures)
+from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion, streamed_greedy_text,  # noqa: F401 (fixtures)
                          test_chat_answers_like_transformers, test_chat_stream_is_the_same_text_in_openai_chunks,
                          test_completion_stops_at_max_tokens, test_models_and_health,
                          test_n_choices_are_indexed_and_each_finishes_once, test_stop_strings_are_cut_out,
@@ -82,20 +82,9 @@ def test_concurrent_streams_spread_over_the_replicas_and_give_the_one_by_one_gre
     alone = [client.completions.create(prompt=p, **ask).choices[0].text for p in PROMPTS]
     before = list(replicas.replicas.routed)
 
-    async def stream_one(http: httpx.AsyncClient, prompt: str) -> str:
-        body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        text = ""
-        async with http.stream("POST", "/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    text += json.loads(line[6:])["choices"][0]["text"]
-        return text
-
     async def all_at_once() -> list[str]:
         async with httpx.AsyncClient(base_url=server.url, timeout=None) as http:
-            return await asyncio.gather(*(stream_one(http, p) for p in PROMPTS * 2))
+            return await asyncio.gather(*(streamed_greedy_text(http, model, p) for p in PROMPTS * 2))
 
     assert asyncio.run(all_at_once()) == alone * 2
     sent = [after - earlier for after, earlier in zip(replicas.replicas.routed, before)]
@@ -151,3 +140,24 @@ def test_serve_refuses_bad_replica_flags_by_name(flags, message):
     run = subprocess.run([sys.executable, "-m", "minillm.cli", "serve", *flags], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_a_replica_that_dies_mid_stream_ends_its_request_with_an_error_and_serve_replaces_it(server, model, replicas):
+    """Last in the module: kill the actor serving a stream (its process dies as a crash would). The
+    client gets an error event, never a hang; Ray Serve starts a new replica and the endpoint serves on."""
+    body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass
+            busy = replicas.replicas.in_flight.index(1)
+            victim = next(a for a in ray.util.list_named_actors(all_namespaces=True)
+                          if f"minillm-replica-{busy}" in a["name"] and a["name"].startswith("SERVE_REPLICA"))
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+            events = [line for line in lines if line.startswith("data: ")]
+    assert "the replica serving this request failed" in events[-2] and events[-1] == "data: [DONE]"
+    assert replicas.replicas.in_flight == [0, 0]
+    wait_until(lambda: httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "model": model, "prompt": PROMPTS[1], "max_tokens": 2}).status_code == 200, "the endpoint serves again", 120)

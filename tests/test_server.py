@@ -264,25 +264,26 @@ def test_an_engine_failure_mid_stream_reaches_the_client_as_an_error(client, mod
 # Concurrency, disconnects, back-pressure, bad input
 
 
+async def streamed_greedy_text(http: httpx.AsyncClient, model: str, prompt: str) -> str:
+    """The text of a streamed greedy completion of 6 tokens, joined from its SSE events."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True}
+    text = ""
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return text
+
+
 def test_32_concurrent_streams_give_the_one_by_one_greedy_texts(client, model, server):
     ask = dict(model=model, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     alone = [client.completions.create(prompt=p, **ask).choices[0].text for p in PROMPTS]
 
-    async def stream_one(http: httpx.AsyncClient, prompt: str) -> str:
-        body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        text = ""
-        async with http.stream("POST", "/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    text += json.loads(line[6:])["choices"][0]["text"]
-        return text
-
     async def all_at_once() -> list[str]:
         limits = httpx.Limits(max_connections=None)
         async with httpx.AsyncClient(base_url=server.url, timeout=None, limits=limits) as http:
-            return await asyncio.gather(*(stream_one(http, p) for p in PROMPTS * 4))
+            return await asyncio.gather(*(streamed_greedy_text(http, model, p) for p in PROMPTS * 4))
 
     assert asyncio.run(all_at_once()) == alone * 4
     assert_all_blocks_free(server)

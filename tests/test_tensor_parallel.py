@@ -234,19 +234,3 @@ def test_memory_per_rank_is_about_a_share_of_the_weights(smollm2_path, world_siz
     norms = sum(layer.attn_norm.nbytes + layer.mlp_norm.nbytes for layer in weights.layers) + weights.final_norm.nbytes
     assert sum(shards) == full + (world_size - 1) * norms
     assert max(shards) < 1.15 * full / world_size   # the uneven head split costs a little (2 + 1 at N = 2)
-
-
-def test_rank0_holds_only_its_shard(groups, oracles):
-    group = groups("smollm2", 2)
-    assert weight_bytes(group.model.weights) < 0.6 * weight_bytes(oracles["smollm2"].weights)
-
-
-def test_bad_tensor_parallel_arguments_are_refused(groups, model_paths):
-    group = groups("smollm2", 2)
-    tokenizer = load_tokenizer(model_paths["smollm2"])
-    with pytest.raises(ValueError, match="speculative decoding does not run with tensor parallelism"):
-        LLMEngine(group.model, tokenizer, kv_cache_bytes=32 << 20, tensor_parallel=group,
-                  speculative={"method": "ngram", "num_speculative_tokens": 2})
-    for size in (0, -1, 1.5):
-        with pytest.raises(ValueError, match="tensor_parallel_size"):
-            LLM(model_paths["smollm2"], tensor_parallel_size=size)

@@ -395,6 +395,14 @@ class LLMEngine:
 
     # ---- usage figures ------------------------------------------------------------------
 
+    def commit_kv_cache(self) -> int:
+        """Make the whole KV budget resident now (``PagedKVCache.commit``) -> its bytes. A server's
+        choice, as vLLM's: its memory is then what it will be under any load, from the start, and
+        never grows with traffic. (Tensor-parallel ranks 1.. keep their caches lazy.)"""
+        cache = self.runner.cache
+        cache.commit()
+        return cache.k.nbytes + cache.v.nbytes
+
     def stats(self) -> EngineStats:
         bm, scheduler = self.block_manager, self.scheduler
         spec = {} if self.speculative is None else dict(

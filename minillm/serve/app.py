@@ -141,13 +141,15 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
     llm = LLM(model, activations=activations, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes,
               max_n=max_n, speculative=speculative, max_model_len=max_model_len,
               tensor_parallel_size=tensor_parallel_size)
+    kv_bytes = llm.engine.commit_kv_cache()  # the server's memory is its size under load, from the start
     app = create_app(llm, model_name=model_name, max_waiting=max_waiting, api_key=api_key,
                      protect_metrics=protect_metrics, request_timeout=request_timeout,
                      max_request_tokens=max_request_tokens, max_body_bytes=max_body_bytes,
                      allowed_origins=allowed_origins, enable_docs=enable_docs, max_queued_tokens=max_queued_tokens)
     name, url = app.state.model_name, f"http://{host}:{port}"
     key_header = " -H \"Authorization: Bearer $MINILLM_API_KEY\"" if api_key else ""
-    print(f"minillm serving {name} at {url}/v1 (chat page at {url}/, metrics at {url}/metrics). Ctrl-C stops it.\n"
+    print(f"minillm serving {name} at {url}/v1 (chat page at {url}/, metrics at {url}/metrics), "
+          f"{kv_bytes / 2**30:.2f} GiB of KV cache committed (--kv-cache-bytes). Ctrl-C stops it.\n"
           f"try:  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{key_header} \\\n"
           f"        -d '{{\"model\": \"{name}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}]}}'",
           flush=True)

@@ -54,14 +54,14 @@ RAY_OBJECT_STORE_BYTES = 150 << 20  # the replicas pass small messages only: a s
 @dataclass
 class Refusal:
     """A request's failure, sent back from a replica as a value (exceptions with extra fields do not
-    survive pickling). ``param`` set: the engine's RequestRejected."""
+    survive pickling): 400 the engine's RequestRejected, 503 a full queue, else an EngineFailure."""
     status: int
     message: str
     param: str | None = None
     code: str | None = None
 
     def exception(self) -> Exception:
-        if self.param is not None:
+        if self.status == 400:
             return RequestRejected(self.message, self.param, self.code)
         if self.status == 503:
             return APIError(503, self.message)
@@ -82,6 +82,7 @@ class EngineReplica:
 
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # Ray sets OMP_NUM_THREADS itself
         self.llm = LLM(model, **engine_args)
+        self.llm.engine.commit_kv_cache()  # as `minillm serve`: the replica's memory is its size under load
         self.metrics = ServerMetrics(served_model_name(self.llm), self.llm.engine.stats())
         self.engine = AsyncEngine(self.llm.engine, self.metrics, **server_args)
         self.engine.start()
@@ -126,10 +127,7 @@ class ReplicaStream:
 
     async def first(self) -> None:
         """The replica's answer to the request: accepted, or the exception it was refused with."""
-        item = await self.responses.__anext__()
-        if isinstance(item, Refusal):
-            self.finish()
-            raise item.exception()
+        await self.__anext__()
 
     def __aiter__(self):
         return self
@@ -142,6 +140,11 @@ class ReplicaStream:
         except StopAsyncIteration:
             self.finish()
             raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the replica's process died, or Ray could not reach it
+            self.finish()
+            raise EngineFailure(f"the replica serving this request failed: {type(e).__name__}: {e}") from None
         if isinstance(item, Refusal):
             self.finish()
             raise item.exception()
@@ -215,7 +218,7 @@ def start_ray(num_cpus: int) -> None:
 
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, object_store_memory=RAY_OBJECT_STORE_BYTES, include_dashboard=False,
-                 logging_level=logging.WARNING, log_to_driver=False)
+                 logging_level=logging.ERROR, log_to_driver=False)  # errors only: not its local-cluster notes
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per deployment step
 
 
@@ -226,7 +229,8 @@ class Replicas:
 
     def __init__(self, model: str | Path | None = None, num_replicas: int = 2, routing: str = "cache-aware",
                  threads: int = 1, max_waiting: int = 128, request_timeout: float | None = None,
-                 max_request_tokens: int | None = None, app_options: dict | None = None, **engine_args):
+                 max_request_tokens: int | None = None, max_queued_tokens: int | None = None,
+                 app_options: dict | None = None, **engine_args):
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if threads < 1:
@@ -244,7 +248,7 @@ class Replicas:
                                       max_ongoing_requests=max_waiting + engine_args.get("max_num_seqs", 32),
                                       graceful_shutdown_wait_loop_s=0.2)  # Serve's 2 s: seconds per deletion
         server_args = {"max_waiting": max_waiting, "request_timeout": request_timeout,
-                       "max_request_tokens": max_request_tokens}
+                       "max_request_tokens": max_request_tokens, "max_queued_tokens": max_queued_tokens}
         apps = [deployment.options(name=f"replica-{i}").bind(str(self.llm.path), threads, engine_args, server_args)
                 for i in range(num_replicas)]
         self.app_names = [f"minillm-replica-{i}" for i in range(num_replicas)]
@@ -343,7 +347,8 @@ async def measure_routing(routing: str, workload: SharedPrefixWorkload, num_repl
 
 def main(num_replicas: int = 2, routing: str = "cache-aware", threads: int = 1, host: str = "127.0.0.1",
          port: int = 8000, model: str | None = None, max_waiting: int = 128, request_timeout: float | None = 600.0,
-         max_request_tokens: int | None = 32768, api_key: str | None = None, protect_metrics: bool = False,
+         max_request_tokens: int | None = 32768, max_queued_tokens: int | None = 16384,
+         api_key: str | None = None, protect_metrics: bool = False,
          model_name: str | None = None, max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES,
          allowed_origins: list[str] = (), enable_docs: bool = False, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
          log_level: str = "info", **engine_args) -> int:
@@ -353,7 +358,7 @@ def main(num_replicas: int = 2, routing: str = "cache-aware", threads: int = 1, 
     app_options = dict(model_name=model_name, api_key=api_key, protect_metrics=protect_metrics,
                        max_body_bytes=max_body_bytes, allowed_origins=allowed_origins, enable_docs=enable_docs)
     with Replicas(model, num_replicas, routing, threads, max_waiting, request_timeout, max_request_tokens,
-                  app_options, **engine_args) as replicas:
+                  max_queued_tokens, app_options, **engine_args) as replicas:
         url = f"http://{host}:{port}"
         print(f"minillm serving {replicas.app.state.model_name} at {url}/v1 from {num_replicas} replicas on Ray "
               f"Serve ({threads} thread(s) each, {routing} routing). Ctrl-C stops it.", flush=True)
