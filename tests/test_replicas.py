@@ -18,7 +18,8 @@ import ray
 
 from minillm.serve.app import BackgroundServer
 from minillm.serve.replicas import Replicas
-from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion, streamed_greedy_text,  # noqa: F401 (fixtures)
+from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion, leave_a_long_stream,
+                         streamed_greedy_text,  # noqa: F401 (fixtures)
                          test_chat_answers_like_transformers, test_chat_stream_is_the_same_text_in_openai_chunks,
                          test_completion_stops_at_max_tokens, test_models_and_health,
                          test_n_choices_are_indexed_and_each_finishes_once, test_stop_strings_are_cut_out,
@@ -93,16 +94,10 @@ def test_concurrent_streams_spread_over_the_replicas_and_give_the_one_by_one_gre
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_the_replica(server, model, replicas):
-    body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    with httpx.Client(base_url=server.url, timeout=None) as http:
-        with http.stream("POST", "/v1/completions", json=body) as response:
-            texts = 0
-            for line in response.iter_lines():
-                texts += line.startswith("data: ")
-                if texts == 3:
-                    break
-            assert sum(s.num_running for s in replica_stats(replicas)) == 1
+    def running_on_one_replica():
+        assert sum(s.num_running for s in replica_stats(replicas)) == 1
+
+    leave_a_long_stream(server.url, model, running_on_one_replica)
     assert_every_replica_idle(replicas)  # closed: the front cancels the Ray call, the replica aborts it
 
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -289,19 +290,28 @@ def test_32_concurrent_streams_give_the_one_by_one_greedy_texts(client, model, s
     assert_all_blocks_free(server)
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server, model):
-    engine = server.app.state.llm.engine
+def leave_a_long_stream(url: str, model: str, while_streaming: Callable[[], None]) -> None:
+    """Start a long greedy completion stream, read 3 of its events, call ``while_streaming``, hang up."""
     body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
             "ignore_eos": True}
-    with httpx.Client(base_url=server.url, timeout=None) as http:
+    with httpx.Client(base_url=url, timeout=None) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
             texts = 0
             for line in response.iter_lines():
                 texts += line.startswith("data: ")
                 if texts == 3:
                     break
-            stats = engine.stats()
-            assert stats.num_running == 1 and stats.kv_cache_usage > 0
+            while_streaming()
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server, model):
+    engine = server.app.state.llm.engine
+
+    def running():
+        stats = engine.stats()
+        assert stats.num_running == 1 and stats.kv_cache_usage > 0
+
+    leave_a_long_stream(server.url, model, running)
     # the connection is closed: the server notices, aborts the request and frees its blocks
     wait_until(lambda: read_metrics(server)[("minillm:num_requests_running", None)] == 0, "running drops to 0")
     wait_until(lambda: read_metrics(server)[("minillm:kv_cache_usage_perc", None)] == 0, "KV usage drops to 0")
