@@ -205,9 +205,11 @@ def test_bytes_per_token_is_what_the_cache_arrays_take():
 
 
 def test_commit_makes_the_whole_cache_resident_at_once():
-    # np.zeros reserves address space; commit() must turn all of it into memory now (RSS, the kernel's count)
+    # np.zeros reserves address space; commit() must turn all of it into memory now (RSS, the kernel's count).
+    # Arrays above glibc's largest mmap threshold (32 MiB), as a real KV cache is: smaller ones may reuse
+    # heap pages an earlier test already touched.
     process = psutil.Process()
-    cache = PagedKVCache(CONFIG, num_blocks=4096, block_size=16)  # 2 x 64 MiB
+    cache = PagedKVCache(CONFIG, num_blocks=32768, block_size=16)  # K and V, 64 MiB each
     before = process.memory_info().rss
     cache.commit()
     grown = process.memory_info().rss - before
