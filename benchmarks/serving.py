@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,18 +35,13 @@ from pathlib import Path
 import httpx
 from common import contender_env, save_result
 
+from minillm.hardware.collectives import free_port
 from minillm.hardware.machine import describe_machine
 from minillm.llm import load_tokenizer
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.serve.loadgen import LoadConfig, benchmark
 
 START_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def minillm_command(model: Path, port: int, max_num_seqs: int) -> list[str]:

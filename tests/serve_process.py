@@ -1,5 +1,4 @@
 """Test support: the `minillm serve` command in a process of its own, on a free port of 127.0.0.1."""
-import socket
 import subprocess
 import sys
 import time
@@ -7,11 +6,7 @@ from contextlib import contextmanager
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from minillm.hardware.collectives import free_port
 
 
 @contextmanager

@@ -9,9 +9,10 @@ from minillm.hardware.collectives import AlphaBeta, fit_alpha_beta, ring_allredu
 
 def test_allreduce_over_two_processes_equals_the_numpy_sum():
     rows = np.random.default_rng(0).standard_normal((2, 37)).astype(np.float32)  # (ranks, values)
-    sweep = collectives.allreduce_sweep(world_size=2, sizes=(4, 1024), repeats=2, calls_per_sample=2, check=rows)
+    # 4 B and 4 MiB: far enough apart that the fit's slope is positive on a busy machine too
+    sweep = collectives.allreduce_sweep(world_size=2, sizes=(4, 4 << 20), repeats=2, calls_per_sample=2, check=rows)
     np.testing.assert_allclose(sweep.check, rows.sum(axis=0), rtol=1e-6)
-    assert sweep.message_bytes == [4, 1024] and len(sweep.median_seconds) == 2
+    assert sweep.message_bytes == [4, 4 << 20] and len(sweep.median_seconds) == 2
     assert all(t > 0 for t in sweep.median_seconds)
 
 

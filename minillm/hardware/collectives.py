@@ -99,7 +99,8 @@ def tp_communication(hidden_size: int, n_layers: int, world_size: int, link: Alp
 # -----------------------------------------------------------------------------------------------
 # the microbenchmark
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no one listens on now (the OS picks it), for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -177,7 +178,7 @@ def allreduce_sweep(world_size: int = 2, backend: str = "gloo", sizes=DEFAULT_SI
             raise ValueError(f"check must have shape (world_size={world_size}, k), got {check.shape}")
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(_rank_main, nprocs=world_size, join=True,
-                 args=(world_size, _free_port(), backend, sizes, repeats, calls_per_sample,
+                 args=(world_size, free_port(), backend, sizes, repeats, calls_per_sample,
                        None if check is None else check.tolist(), out_dir))
         results = [np.load(os.path.join(out_dir, f"rank{r}.npy"), allow_pickle=True).item() for r in range(world_size)]
     medians = [statistics.median(max(r["times"][n][i] for r in results) for i in range(repeats)) for n in sizes]

@@ -24,7 +24,6 @@ the group (or losing the last reference to it, or the interpreter exiting) stops
 """
 from __future__ import annotations
 
-import socket
 import signal
 import time
 import weakref
@@ -39,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minillm.hardware.collectives import free_port
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata
 from minillm.model.sharding import Shard, ShardedModel, read_shard
@@ -312,12 +312,6 @@ def shutdown(workers: list, state: dict) -> None:
             p.join()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TensorParallelRunner(ModelRunner):
