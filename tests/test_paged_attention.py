@@ -13,7 +13,7 @@ import pytest
 
 from minillm.kernels import reference
 from minillm.kernels.cpu.paged_attention import paged_attention_decode, paged_attention_prefill, write_kv
-from minillm.kernels.registry import get_backend
+from minillm.kernels.registry import OPS, Backend, get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
 from minillm.runtime.block_manager import BlockManager
@@ -22,6 +22,7 @@ from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache, by
 N_HEADS, HEAD_DIM = 6, 8
 DECODE = {"numba": paged_attention_decode, "reference": reference.paged_attention_decode}
 PREFILL = {"numba": paged_attention_prefill, "reference": reference.paged_attention_prefill}
+WRITE = {"numba": write_kv, "reference": reference.write_kv}
 
 
 def paged_layout(rng, seq_lens, block_size, n_kv_heads, spare_blocks=3):
@@ -166,7 +167,9 @@ def test_bad_calls_are_refused_before_any_kernel_runs(decode):
 # writing through the slot mapping
 
 
-def test_write_kv_scatters_each_row_to_its_slot():
+@pytest.mark.parametrize("backend", WRITE)
+def test_write_kv_scatters_each_row_to_its_slot(backend):
+    write = WRITE[backend]
     rng = np.random.default_rng(5)
     num_blocks, block_size, n_kv_heads = 6, 4, 2
     k_cache = rng.standard_normal((num_blocks, block_size, n_kv_heads, HEAD_DIM)).astype(np.float32)
@@ -175,16 +178,49 @@ def test_write_kv_scatters_each_row_to_its_slot():
     slots = rng.permutation(num_blocks * block_size)[:10]     # (N,) distinct, scattered
     k = rng.standard_normal((10, n_kv_heads, HEAD_DIM)).astype(np.float32)
     v = rng.standard_normal((10, n_kv_heads, HEAD_DIM)).astype(np.float32)
-    write_kv(k_cache, v_cache, k, v, slots)
+    assert write(k_cache, v_cache, k, v, slots) is None       # in place
     for i, slot in enumerate(slots):                          # the definition: block slot // bs, offset slot % bs
         k_before[slot // block_size, slot % block_size] = k[i]
         v_before[slot // block_size, slot % block_size] = v[i]
     np.testing.assert_array_equal(k_cache, k_before)          # these rows, and nothing else, changed
     np.testing.assert_array_equal(v_cache, v_before)
     with pytest.raises(ValueError, match="slots must lie"):
-        write_kv(k_cache, v_cache, k[:1], v[:1], np.array([num_blocks * block_size]))
+        write(k_cache, v_cache, k[:1], v[:1], np.array([num_blocks * block_size]))
+    with pytest.raises(ValueError, match="slots must lie"):
+        write(k_cache, v_cache, k[:1], v[:1], np.array([-1]))
+    with pytest.raises(ValueError, match=r"k and v \(2, 2, 8\)"):
+        write(k_cache, v_cache, k[:1], v[:1], np.array([0, 1]))
+    with pytest.raises(ValueError, match="integer slots"):
+        write(k_cache, v_cache, k[:1], v[:1], np.array([0.0]))
+    np.testing.assert_array_equal(k_cache, k_before)          # a refused write wrote nothing
+
+
+def test_numba_write_kv_refuses_a_cache_it_would_write_a_copy_of():
+    k_cache = np.zeros((4, 4, 2, HEAD_DIM), dtype=np.float32)
+    k = np.ones((1, 2, HEAD_DIM), dtype=np.float32)
     with pytest.raises(ValueError, match="contiguous"):
-        write_kv(k_cache[:, ::2], v_cache[:, ::2], k[:1], v[:1], np.array([0]))
+        write_kv(k_cache[:, ::2], k_cache[:, ::2], k, k, np.array([0]))
+
+
+def test_the_paged_cache_writes_through_its_backend():
+    """K/V go through ops.write_kv (a GPU backend owns its cache), not through a kernel of its own."""
+    numba = get_backend("numba")
+    writes = []
+
+    def recording_write_kv(*args):
+        writes.append(args[4].copy())
+        return reference.write_kv(*args)
+
+    ops = Backend("recording", {**{op: getattr(numba, op) for op in OPS}, "write_kv": recording_write_kv})
+    cache = PagedKVCache(CONFIG, num_blocks=4, block_size=4, ops=ops)
+    meta = PagedAttentionMetadata.build([3], [2], [[3, 1]], block_size=4)
+    rng = np.random.default_rng(9)
+    k, v = (rng.standard_normal((3, 2, HEAD_DIM)).astype(np.float32) for _ in range(2))
+    cache.write(1, k, v, meta)
+    assert len(writes) == 1 and writes[0].tolist() == [14, 15, 4]  # positions 2, 3 in block 3; 4 in block 1
+    np.testing.assert_array_equal(cache.k[1, 3, 2:], k[:2])
+    np.testing.assert_array_equal(cache.v[1, 1, 0], v[2])
+    assert not cache.k[0].any()                                  # another layer is untouched
 
 
 # -----------------------------------------------------------------------------
@@ -196,7 +232,7 @@ CONFIG = ModelConfig(architecture="llama", n_layers=2, hidden_size=48, intermedi
 
 
 def test_bytes_per_token_is_what_the_cache_arrays_take():
-    cache = PagedKVCache(CONFIG, num_blocks=5, block_size=4)
+    cache = PagedKVCache(CONFIG, num_blocks=5, block_size=4, ops=get_backend("numba"))
     assert cache.k.nbytes + cache.v.nbytes == bytes_per_token(CONFIG) * 5 * 4
     smollm2 = ModelConfig(architecture="llama", n_layers=30, hidden_size=576, intermediate_size=1536, n_heads=9,
                           n_kv_heads=3, head_dim=64, rope_theta=100000.0, rope_style="pairs", rms_eps=1e-5,
@@ -209,7 +245,7 @@ def test_commit_makes_the_whole_cache_resident_at_once():
     # Arrays above glibc's largest mmap threshold (32 MiB), as a real KV cache is: smaller ones may reuse
     # heap pages an earlier test already touched.
     process = psutil.Process()
-    cache = PagedKVCache(CONFIG, num_blocks=32768, block_size=16)  # K and V, 64 MiB each
+    cache = PagedKVCache(CONFIG, num_blocks=32768, block_size=16, ops=get_backend("numba"))  # K and V, 64 MiB each
     before = process.memory_info().rss
     cache.commit()
     grown = process.memory_info().rss - before
@@ -232,7 +268,7 @@ class TwoCaches:
     def __init__(self, rng):
         self.rng = rng
         self.bm = BlockManager(num_blocks=24, block_size=4)
-        self.paged = PagedKVCache(CONFIG, self.bm.num_blocks, self.bm.block_size)
+        self.paged = PagedKVCache(CONFIG, self.bm.num_blocks, self.bm.block_size, get_backend("numba"))
         self.contiguous = ContiguousKVCache(CONFIG, n_slots=4, max_len=40)
         self.tokens, self.row = {}, {}      # seq -> its token ids; seq -> its contiguous cache slot
 
@@ -291,7 +327,7 @@ def test_paged_cache_attends_like_the_contiguous_cache_through_prefill_decode_ch
 
 
 def test_the_paged_cache_refuses_contiguous_metadata():
-    cache = PagedKVCache(CONFIG, num_blocks=4, block_size=4)
+    cache = PagedKVCache(CONFIG, num_blocks=4, block_size=4, ops=get_backend("numba"))
     meta = AttentionMetadata([1], [0], [0])
     with pytest.raises(TypeError, match="PagedAttentionMetadata"):
         cache.check(meta)  # the forward asks once per batch, before any layer writes

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from minillm.generation.sampling import SamplingParams
+from minillm.kernels.registry import get_backend
 from minillm.llm import LLM, load_tokenizer
 from minillm.model.loader import load_model, read_weights
 from minillm.model.sharding import Shard, read_shard, shard_range, weight_bytes
@@ -86,7 +87,7 @@ def run_steps(forward, config, prompts, decode_steps: int, tokens=None) -> tuple
 
     ``tokens``: the decode tokens to feed (from another run); None: this run's argmax.
     """
-    cache = PagedKVCache(config, NUM_BLOCKS, BLOCK_SIZE)
+    cache = PagedKVCache(config, NUM_BLOCKS, BLOCK_SIZE, get_backend("numba"))
     tables = [[2 * b, 2 * b + 1] for b in range(len(prompts))]   # two blocks of 16 per sequence
     lens, contexts = [len(p) for p in prompts], [0] * len(prompts)
     ids = np.concatenate(prompts)
@@ -105,7 +106,7 @@ def run_steps(forward, config, prompts, decode_steps: int, tokens=None) -> tuple
 def group_forward(group: TensorParallelGroup):
     """A forward on the group: each rank with its own cache of the same blocks."""
     group.send("cache", NUM_BLOCKS, BLOCK_SIZE)
-    rank0_cache = PagedKVCache(group.model.config, NUM_BLOCKS, BLOCK_SIZE)
+    rank0_cache = PagedKVCache(group.model.config, NUM_BLOCKS, BLOCK_SIZE, group.model.ops)
 
     def forward(ids, meta, _):
         group.send("step", [], ids, meta)

@@ -10,7 +10,10 @@
     course.your_code(chapter="ch02")       # SmolLM2 generating on your pieces
     course.draw_stack()                    # chapter 00's map of the six layers
     course.committed_decode()              # the committed decode.json figures, beside a live one
+
+Importing it registers the learner's kernel backend, "exercises", with the kernel registry.
 """
+from minillm.course import exercises_backend  # noqa: F401  (registers the "exercises" kernel backend)
 from minillm.course.committed import committed_decode, committed_result
 from minillm.course.figure import draw_stack
 from minillm.course.grading import CheckResult, check, show, show_solution

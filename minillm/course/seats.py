@@ -1,7 +1,7 @@
 """Where a learner's piece can sit in the engine: the one module attribute the engine calls for
 it, swapped for the learner's while generating, and put back afterwards.
 
-Kernels reach the model through the "exercises" kernel backend (minillm.kernels.registry);
+Kernels reach the model through the "exercises" kernel backend (course/exercises_backend.py);
 everything above the kernels through the swaps below. A task with no seat says why.
 """
 from __future__ import annotations

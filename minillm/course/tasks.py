@@ -9,7 +9,7 @@ import re
 import textwrap
 from types import ModuleType
 
-from minillm.kernels.registry import EXERCISES, learner_module
+from minillm.course.exercises_backend import EXERCISES, learner_module
 
 REPO = EXERCISES.parent
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from minillm.course.exercises_backend import exercises_backend
 from minillm.course.seats import ENGINE, KERNEL, SEATS, SINGLE, learner_seats, tasks_up_to, written
 from minillm.generation.generate import Generation
 from minillm.generation.sampling import SamplingParams
-from minillm.kernels.registry import get_backend
 from minillm.llm import LLM, load_tokenizer
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.loader import load_model
@@ -40,7 +40,7 @@ def your_code(chapter: str = "ch02", prompt: str = "The capital of France is", m
     Generation); from 07 on, through the paged engine (LLMEngine), where the paged pieces sit."""
     path = Path(model) if model is not None else (cached_model_path() or fetch())
     on_path = ENGINE if chapter >= "ch07" else SINGLE
-    kernels = get_backend("exercises").tasks
+    kernels = exercises_backend().tasks
     pieces = [(task, *_whose(task, on_path, kernels)) for task in tasks_up_to(chapter)]
     print(f"SmolLM2 on your code, chapters 01-{chapter[2:]}, "
           f"{'the paged engine' if on_path == ENGINE else 'one request on a contiguous KV cache'}:")

@@ -12,6 +12,7 @@ In the 4-bit formats, byte j of the nibbles holds weight j in its low 4 bits and
 its high 4 bits (the two halves of the block, not neighbours).
 
 `QMatrix` is the file format: the GGUF bytes as they are. fp16 scales convert to fp32 exactly.
+A data format, below every kernel: this module imports none of them.
 """
 from __future__ import annotations
 
@@ -62,9 +63,9 @@ class QMatrix:
         return 8 * BLOCK_BYTES[self.qtype] / BLOCK_SIZE
 
     def dequantize(self) -> np.ndarray:
-        from minillm.kernels.cpu.quant import dequantize  # the Numba kernel; cpu/quant.py imports this module
-
-        return dequantize(self)
+        """(rows, cols) float32 by the NumPy reference below (bit-exact; the kernels import this
+        module, so it calls none of them: kernels.cpu.quant.dequantize is the parallel one)."""
+        return dequantize_reference(self)
 
     def __repr__(self):
         return f"QMatrix({self.qtype}, shape={self.shape}, {self.nbytes:,} bytes)"

@@ -161,6 +161,20 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, s
 # paged attention: gather a sequence's blocks, then attend as if the cache were contiguous
 
 
+def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Store new keys and values k, v (N, Hkv, Dh) in place, row i at slot slot_mapping[i].
+
+    Slot s is offset s % block_size of block s // block_size; the caches are (num_blocks,
+    block_size, Hkv, Dh). Nothing is returned: the cache is the backend's storage.
+    """
+    slot_mapping = np.asarray(slot_mapping)
+    shapes.check_write_kv(k_cache, v_cache, k, v, slot_mapping)
+    block_size, slots = k_cache.shape[1], slot_mapping.astype(np.int64)
+    blocks, offsets = slots // block_size, slot_mapping % block_size  # (N,) each
+    k_cache[blocks, offsets] = k  # (N, Hkv, Dh)
+    v_cache[blocks, offsets] = v  # (N, Hkv, Dh)
+
+
 def gather_kv(k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """The first seq_len keys and values of one sequence, in token order -> k, v (seq_len, Hkv, Dh)."""
     num_blocks, block_size, n_kv_heads, head_dim = k_cache.shape

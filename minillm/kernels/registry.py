@@ -3,9 +3,10 @@
     ops = get_backend("numba")   # or "reference" (NumPy, the spec) or "cuda" (Numba CUDA)
     y = ops.linear(x, w)         # the same call, whichever backend
 
-"exercises" is the learner's: each operator a learner has written in exercises/ (and that agrees
-with the reference on a small input) replaces the package's; the rest stay "numba".
-``ops.owners`` says whose each operator is.
+Code above the kernels may add a backend: ``register_backend(name, factory)``, where factory()
+builds a ``Backend`` each time get_backend(name) asks for it. The course registers "exercises"
+(the learner's kernels, minillm/course/exercises_backend.py) when minillm.course is imported;
+this module knows nothing of it beyond its name, for the error that says where it comes from.
 
 A backend is checked when it is built: every name in OPS must be there, so an incomplete backend
 fails at load time with the missing names rather than deep inside a forward pass.
@@ -14,22 +15,20 @@ from __future__ import annotations
 
 import functools
 import importlib
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
-import numpy as np
-
 from minillm.kernels import cpu, reference
-from minillm.kernels.cpu.quant import QMatrix
 
 OPS = (
     "matmul", "linear", "embedding", "rms_norm", "rope_table", "rope", "silu", "swiglu", "softmax",
     "attention", "attention_decode", "qlinear", "qembedding",
-    "paged_attention_decode", "paged_attention_prefill",
+    "paged_attention_decode", "paged_attention_prefill", "write_kv",
 )
-BACKENDS = ("reference", "numba", "cuda", "exercises")
-EXERCISES = Path(__file__).resolve().parents[2] / "exercises"  # the checkout's, beside minillm/
+BUILT_IN = ("reference", "numba", "cuda")
+# Backends that code above registers, and the module whose import does it (named, never imported here).
+REGISTERED_BY = {"exercises": "minillm.course"}
+_registered: dict[str, Callable[[], "Backend"]] = {}
 
 
 def _missing(module: ModuleType) -> list[str]:
@@ -51,11 +50,11 @@ class Backend:
     """The operators of one backend, as attributes: ``ops.rms_norm(x, w, eps)``."""
 
     def __init__(self, name: str, ops: dict):
-        missing = [op for op in OPS if not callable(ops.get(op))]  # the exercises backend is a dict
+        missing = [op for op in OPS if not callable(ops.get(op))]
         if missing:
             raise TypeError(f"kernel backend {name!r} lacks {', '.join(missing)}")
         self.name = name
-        self.owners = {op: "package" for op in OPS}  # who wrote each op; the exercises backend fills it in
+        self.owners = {op: "package" for op in OPS}  # who wrote each op; a registered backend may say otherwise
         for op in OPS:
             setattr(self, op, ops[op])
 
@@ -84,14 +83,33 @@ def _cuda_module() -> ModuleType:
 
 
 def get_backend(name: str = "numba") -> Backend:
-    """The backend called name: "reference", "numba" (the default), "cuda" or "exercises".
+    """The backend called name: "reference", "numba" (the default), "cuda", or one registered.
 
-    The first three are built once, then shared; "exercises" is built afresh on every call, so
-    that it picks up what the learner has written since.
+    The built-in three are built once, then shared; a registered one is built by its factory on
+    every call (the course's "exercises" so picks up what the learner has saved since).
     """
-    if name == "exercises":
-        return _exercises_backend()
+    if name in _registered:
+        backend = _registered[name]()
+        if not isinstance(backend, Backend):
+            raise TypeError(f"the factory registered for kernel backend {name!r} returned "
+                            f"{type(backend).__name__}, not a Backend")
+        return backend
+    if name in REGISTERED_BY:
+        raise BackendUnavailable(f"the {name!r} kernel backend is registered by {REGISTERED_BY[name]}, which is "
+                                 f"not imported yet: run `import {REGISTERED_BY[name]}` first")
     return _build(name)
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Make get_backend(name) return factory(), a Backend (with every op of OPS, checked when it
+    is built). Registering a name again replaces its factory (a re-imported module registers anew);
+    the built-in names cannot be taken."""
+    if name in BUILT_IN:
+        raise ValueError(f"{name!r} is a built-in kernel backend; register under another name")
+    if not callable(factory):
+        raise TypeError(f"register_backend({name!r}, ...) needs a callable that builds a Backend, "
+                        f"got {type(factory).__name__}")
+    _registered[name] = factory
 
 
 @functools.cache
@@ -105,7 +123,12 @@ def _build(name: str) -> Backend:
         # The paged KV cache lives in host memory, so the CUDA paged kernels copy the cache to the
         # device on each call (a CUDA paged cache would keep its blocks there).
         return Backend(name, _ops_of(_cuda_module()))
-    raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(backend_names())}")
+
+
+def backend_names() -> list[str]:
+    """Every name get_backend knows: the built-in ones, then the registered ones."""
+    return [*BUILT_IN, *_registered]
 
 
 def available_backends() -> list[str]:
@@ -116,123 +139,3 @@ def available_backends() -> list[str]:
     except BackendUnavailable:
         return names
     return names + ["cuda"]
-
-
-# ----------------------------------------------------------------------------------------------
-# The learner's backend
-
-_loaded_at: dict[str, float] = {}  # exercise module -> mtime of the file it was imported from
-
-
-def learner_module(chapter_module: str) -> ModuleType:
-    """``exercises.<chapter_module>`` as the file on disk now says: re-imported when the learner
-    has saved it since it was last imported (a notebook kernel otherwise keeps the old code)."""
-    if not EXERCISES.is_dir():
-        raise BackendUnavailable(f"no exercises/ folder beside the package ({EXERCISES}): the course "
-                                 "needs an editable install of a minillm checkout")
-    if str(EXERCISES.parent) not in sys.path:
-        sys.path.insert(0, str(EXERCISES.parent))
-    name = f"exercises.{chapter_module}"
-    mtime = (EXERCISES / f"{chapter_module}.py").stat().st_mtime
-    module = importlib.import_module(name)
-    if _loaded_at.setdefault(name, mtime) != mtime:
-        module = importlib.reload(module)
-        _loaded_at[name] = mtime
-    return module
-
-
-def _probes() -> dict[str, tuple]:
-    """Small inputs on which each learner function must agree with the reference:
-    exercise function -> (args, reference result)."""
-    from minillm.kernels.cpu import quant
-
-    rng = np.random.default_rng(0)
-    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
-    x, w, logits, a, b = f32(3, 40), f32(40), f32(2, 7), f32(5, 6), f32(6, 4)
-    cos, sin = reference.rope_table(8, 16, 10.0)  # (16, 4) each
-    q, positions = f32(3, 2, 8), np.array([0, 3, 7])
-    q1, k, v = f32(4, 8), f32(6, 2, 8), f32(6, 2, 8)
-    qm, row = quant.quantize(f32(8, 64), "Q4_1"), f32(64)
-    kc, vc = f32(4, 4, 2, 8), f32(4, 4, 2, 8)
-    qb, tables, lens = f32(2, 4, 8), np.array([[2, 0], [3, 1]]), np.array([5, 3])
-    return {
-        "rms_norm": ((x, w, 1e-5), reference.rms_norm(x, w, 1e-5)),
-        "softmax": ((logits,), reference.softmax(logits)),
-        "rope": ((q, positions, cos, sin, "half"), reference.rope(q.copy(), positions, cos, sin, "half")),
-        "matmul_v3_blocked": ((a, b), reference.matmul(a, b)),
-        "attention_decode": ((q1, k, v, 5), reference.attention_decode(q1, k, v, 5)),
-        "qmatvec": ((row, qm), reference.qlinear(row[None], qm)[0]),
-        "dequantize_q4_1": ((qm.data, *qm.shape), quant.dequantize_reference(qm)),
-        "paged_attention_decode": ((qb, kc, vc, tables, lens),
-                                   reference.paged_attention_decode(qb, kc, vc, tables, lens)),
-    }
-
-
-# exercise module -> {function: (its task, the op it is, or None for a piece of qlinear)}
-KERNEL_EXERCISES = {
-    "ch02_cpu_kernels": {"rms_norm": ("ch02_rmsnorm", "rms_norm"), "softmax": ("ch02_softmax", "softmax"),
-                         "rope": ("ch02_rope", "rope"), "matmul_v3_blocked": ("ch02_tiled_matmul", "matmul"),
-                         "attention_decode": ("ch02_decode_attention", "attention_decode")},
-    "ch04_quantization": {"qmatvec": ("ch04_quant_matvec", None), "dequantize_q4_1": ("ch04_q4_1_dequantize", None)},
-    "ch07_paged_kv_cache": {"paged_attention_decode": ("ch07_paged_attention", "paged_attention_decode")},
-}
-
-
-def _verdict(fn, args, expected) -> str | None:
-    """None if fn agrees with the reference on the probe, else why it is not used."""
-    try:
-        got = fn(*(a.copy() if isinstance(a, np.ndarray) else a for a in args))
-    except NotImplementedError:
-        return "not written yet"
-    except Exception as err:  # the learner's code crashed: generation must still run, on the package's
-        return f"raised {type(err).__name__}: {err}"
-    got = np.asarray(got)
-    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-4, atol=1e-5):
-        return "disagrees with the reference on a small input"
-    return None
-
-
-def _learner_qlinear(qmatvec, dequantize_q4_1):
-    """qlinear from chapter 04's pieces (either may be None: the package's then), dispatched as
-    quant.qlinear does: Q4_1 weights through qmatvec row by row for T <= MATVEC_ROWS_MAX_T, else
-    x @ dequantize_q4_1(W).T; other formats (the Q8_0 LM head) through the package's qlinear."""
-    from minillm.kernels.cpu import quant
-
-    def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
-        if qm.qtype != "Q4_1":
-            return quant.qlinear(x, qm)
-        if x.shape[0] <= quant.MATVEC_ROWS_MAX_T:
-            if qmatvec is None:
-                return quant.qlinear(x, qm)  # (T, rows)
-            return np.stack([qmatvec(row, qm) for row in x]).reshape(x.shape[0], qm.shape[0])  # (T, rows)
-        if dequantize_q4_1 is None:
-            return quant.qlinear(x, qm)  # (T, rows)
-        return np.asarray(x, dtype=np.float32) @ dequantize_q4_1(qm.data, *qm.shape).T  # (T, rows)
-    return qlinear
-
-
-def _exercises_backend() -> Backend:
-    """The learner's op where it is written and agrees with the reference on a small input, the
-    package's ("numba") elsewhere. ``owners[op]`` says whose each op is, ``tasks[task]`` whose
-    each kernel exercise is, and why not the learner's."""
-    numba_ops = _build("numba")
-    ops = {op: getattr(numba_ops, op) for op in OPS}
-    owners, tasks = {op: "package" for op in OPS}, {}
-    probes, accepted = _probes(), {}
-    for chapter_module, functions in KERNEL_EXERCISES.items():
-        module = learner_module(chapter_module)
-        for name, (task, op) in functions.items():
-            fn = getattr(module, name)
-            why_not = _verdict(fn, *probes[name])
-            accepted[name] = fn if why_not is None else None
-            tasks[task] = f"yours ({task})" if why_not is None else f"package ({task} {why_not})"
-            if op is not None and why_not is None:
-                ops[op] = fn
-            if op is not None:
-                owners[op] = tasks[task]
-    if accepted["qmatvec"] is not None or accepted["dequantize_q4_1"] is not None:
-        ops["qlinear"] = _learner_qlinear(accepted["qmatvec"], accepted["dequantize_q4_1"])
-    owners["qlinear"] = f"decode: {tasks['ch04_quant_matvec']}; prefill: {tasks['ch04_q4_1_dequantize']}"
-    backend = Backend("exercises", ops)
-    backend.owners, backend.tasks = owners, tasks
-    return backend

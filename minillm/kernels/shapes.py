@@ -110,6 +110,27 @@ def check_paged_cache(k_cache: np.ndarray, v_cache: np.ndarray) -> None:
         raise ValueError(f"paged K/V caches must be float32, got {k_cache.dtype} and {v_cache.dtype}")
 
 
+def check_write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   slot_mapping: np.ndarray) -> None:
+    """k, v (N, Hkv, Dh), one row per slot of slot_mapping (N,), each slot inside the cache."""
+    check_paged_cache(k_cache, v_cache)
+    num_blocks, block_size, n_kv_heads, head_dim = k_cache.shape
+    if slot_mapping.ndim != 1 or (slot_mapping.size and slot_mapping.dtype.kind not in "iu"):
+        raise ValueError(f"write_kv needs integer slots (N,), got {slot_mapping.dtype} {slot_mapping.shape}")
+    if k.shape != v.shape or k.shape != (len(slot_mapping), n_kv_heads, head_dim):
+        raise ValueError(f"write_kv needs k and v ({len(slot_mapping)}, {n_kv_heads}, {head_dim}), one row "
+                         f"per slot, got {k.shape} and {v.shape}")
+    if slot_mapping.size and (slot_mapping.min() < 0 or slot_mapping.max() >= num_blocks * block_size):
+        raise ValueError(f"slots must lie in [0, {num_blocks * block_size}), "
+                         f"got {slot_mapping.min()}..{slot_mapping.max()}")
+
+
+def check_contiguous_cache(k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+    """For a kernel that writes a flat copy of the cache back, or a reshaped view of it."""
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        raise ValueError("write_kv needs C-contiguous caches (a reshaped copy would swallow the write)")
+
+
 def check_paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                      seq_lens: np.ndarray) -> None:
     """q (., H, Dh); block_tables (B, max_blocks); seq_lens (B,) keys each sequence holds."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from minillm.kernels.cpu.quant import BLOCK_BYTES, BLOCK_SIZE, QMatrix
+from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE, QMatrix
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)  # v2 and v3 share one layout (v3 only allowed big-endian files)

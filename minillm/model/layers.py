@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minillm.kernels.cpu.quant import QMatrix
+from minillm.kernels.quant_formats import QMatrix
 from minillm.kernels.cpu.quant_repack import RepackedMatrix, repack
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, KVCache

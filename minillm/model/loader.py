@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.kernels.cpu.quant import QMatrix
+from minillm.kernels.quant_formats import QMatrix
 from minillm.kernels.cpu.quant_repack import check_activations, repack
 from minillm.kernels.registry import get_backend
 from minillm.model.config import ModelConfig

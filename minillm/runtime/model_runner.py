@@ -15,7 +15,7 @@ class ModelRunner:
     def __init__(self, model: Model, block_manager: BlockManager):
         self.model = model
         self.block_manager = block_manager
-        self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size)
+        self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size, model.ops)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[np.ndarray, PagedAttentionMetadata]:
         """The flat batch: each sequence's next ``num_new`` tokens, then its draft, back to back.

@@ -6,7 +6,8 @@ Only the batch description grows: ``PagedAttentionMetadata`` adds each sequence'
 (where its keys are) and each new token's slot (where its K/V go).
 
     storage per layer    K, V each (num_blocks, block_size, Hkv, Dh)
-    write                scatter the batch's new K/V through slot_mapping (N,)
+    write                scatter the batch's new K/V through slot_mapping (N,): the cache's
+                         backend's write_kv, so a GPU backend can own its cache
     attend               paged attention over block_tables (B, max_blocks)
 
 The cache never decides which block belongs to whom - that is the BlockManager's bookkeeping.
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minillm.kernels.cpu.paged_attention import write_kv
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata
 from minillm.runtime.block_manager import slot_mapping
@@ -80,12 +80,14 @@ class PagedAttentionMetadata(AttentionMetadata):
 # the cache
 
 class PagedKVCache:
-    """Per layer K and V arrays of shape (num_blocks, block_size, Hkv, Dh), shared by all sequences."""
+    """Per layer K and V arrays of shape (num_blocks, block_size, Hkv, Dh), shared by all sequences,
+    written by ``ops`` (the model's kernel backend: ``ops.write_kv``). The arrays are host memory
+    on every backend for now; a GPU backend's writes copy the cache to its device and back."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, ops):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"a paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.ops = num_blocks, block_size, ops
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.k = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
         self.v = np.zeros(shape, dtype=np.float32)  # (n_layers, num_blocks, block_size, Hkv, Dh)
@@ -105,7 +107,7 @@ class PagedKVCache:
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray, meta: PagedAttentionMetadata) -> None:
         """Store this batch's keys and values, k and v (N, Hkv, Dh), of ``layer`` at their slots."""
-        write_kv(self.k[layer], self.v[layer], k, v, meta.slot_mapping)
+        self.ops.write_kv(self.k[layer], self.v[layer], k, v, meta.slot_mapping)
 
     def attend(self, layer: int, q: np.ndarray, meta: PagedAttentionMetadata, ops) -> np.ndarray:
         """Causal attention of q (N, H, Dh) over each sequence's blocks -> (N, H, Dh)."""

@@ -153,7 +153,7 @@ def worker(rank: int, world_size: int, path: str, backend: str, activations: str
                     cache.copy_block(src, dst)
                 timed_forward(model, collectives, token_ids, meta, cache)
             elif kind == "cache":
-                cache = PagedKVCache(model.config, *args)
+                cache = PagedKVCache(model.config, *args, model.ops)
             elif kind == "timings":
                 dist.gather_object(collectives.timings(), None, dst=0)
                 if args[0]:

@@ -53,7 +53,7 @@ from minillm.kernels.cpu.rows import (
     swiglu_serial,
 )
 from minillm.kernels.reference import embedding, rope_table  # noqa: F401  (NumPy is already at memory speed)
-from minillm.kernels.cpu.paged_attention import paged_attention_decode, paged_attention_prefill  # noqa: F401
+from minillm.kernels.cpu.paged_attention import paged_attention_decode, paged_attention_prefill, write_kv  # noqa: F401
 from minillm.kernels.cpu.quant import qembedding, qlinear  # noqa: F401  (quantized weights: cpu/quant.py)
 
 def _parallel(rows: int, size: int) -> bool:

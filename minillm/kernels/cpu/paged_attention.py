@@ -37,23 +37,16 @@ from minillm.kernels.cpu.rows import KERNEL, fast_exp, float32_max
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Store new keys and values k, v (N, Hkv, Dh) at their slots (N,), in place.
+    """Numba version of reference.write_kv: k, v (N, Hkv, Dh) into their slots (N,), in place.
 
     Seen as (num_blocks * block_size, Hkv, Dh) the cache has one row per slot, so the write is a
     row copy per slot. NumPy's fancy-index scatter did it at 0.4 GB/s (2 ms for a 512-token
     SmolLM2 chunk, 2-core Zen 4), a compiled loop of row copies 20x faster.
     """
-    shapes.check_paged_cache(k_cache, v_cache)
-    num_blocks, block_size, n_kv_heads, head_dim = k_cache.shape
     slot_mapping = np.asarray(slot_mapping)
-    if k.shape != v.shape or k.shape != (len(slot_mapping), n_kv_heads, head_dim):
-        raise ValueError(f"write_kv needs k and v ({len(slot_mapping)}, {n_kv_heads}, {head_dim}), one row "
-                         f"per slot, got {k.shape} and {v.shape}")
-    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
-        raise ValueError("write_kv needs C-contiguous caches (a reshaped copy would swallow the write)")
-    if slot_mapping.size and (slot_mapping.min() < 0 or slot_mapping.max() >= num_blocks * block_size):
-        raise ValueError(f"slots must lie in [0, {num_blocks * block_size}), "
-                         f"got {slot_mapping.min()}..{slot_mapping.max()}")
+    shapes.check_write_kv(k_cache, v_cache, k, v, slot_mapping)
+    shapes.check_contiguous_cache(k_cache, v_cache)
+    num_blocks, block_size, n_kv_heads, head_dim = k_cache.shape
     _scatter_rows(k_cache.reshape(num_blocks * block_size, n_kv_heads * head_dim),  # (num_slots, Hkv*Dh) view
                   np.ascontiguousarray(k, dtype=np.float32).reshape(len(slot_mapping), -1), slot_mapping.astype(np.int64))
     _scatter_rows(v_cache.reshape(num_blocks * block_size, n_kv_heads * head_dim),

@@ -12,7 +12,7 @@ The kernels, one idea per file:
     cuda/matmul_ladder.py     matmul ladder (naive -> shared-memory tiles -> register tiles); linear
     cuda/ops.py        embedding, rms_norm, softmax, rope, silu, swiglu
     cuda/contiguous_attention.py  causal GQA attention with the online softmax, one block per (query, head)
-    cuda/paged_attention.py  the same over a paged KV cache: keys found through the block table
+    cuda/paged_attention.py  the same over a paged KV cache: keys found through the block table; write_kv
     cuda/quant.py      Q8_0 / Q4_0 / Q4_1: fused quantized matvec, dequantize, quantized embedding
     cuda/timing.py     each kernel at a model config's shapes, with its FLOPs and minimum bytes
 
@@ -23,7 +23,7 @@ from minillm.kernels.cuda.contiguous_attention import attention, attention_decod
 from minillm.kernels.cuda.basics import reduce_sum, vector_add
 from minillm.kernels.cuda.matmul_ladder import linear, matmul, matmul_naive, matmul_register_tiled, matmul_tiled
 from minillm.kernels.cuda.ops import embedding, rms_norm, rope, silu, softmax, swiglu
-from minillm.kernels.cuda.paged_attention import paged_attention_decode, paged_attention_prefill
+from minillm.kernels.cuda.paged_attention import paged_attention_decode, paged_attention_prefill, write_kv
 from minillm.kernels.cuda.quant import dequantize, qembedding, qlinear, qmatvec
 from minillm.kernels.cuda.setup import SIMULATOR, cuda_available
 from minillm.kernels.reference import rope_table  # computed once per model, on the host: not a kernel
@@ -32,7 +32,7 @@ __all__ = [
     # the operator contract, shared with reference.py and cpu/__init__.py
     "linear", "matmul", "embedding", "rms_norm", "rope_table", "rope", "silu", "swiglu", "softmax",
     "attention", "attention_decode", "qlinear", "qembedding",
-    "paged_attention_decode", "paged_attention_prefill",
+    "paged_attention_decode", "paged_attention_prefill", "write_kv",
     # the quantized kernels and the teaching kernels of chapter 03
     "qmatvec", "dequantize", "vector_add", "reduce_sum", "matmul_naive", "matmul_tiled",
     "matmul_register_tiled",

@@ -30,9 +30,11 @@ scores in shared memory for an ordinary two-pass softmax instead of the online o
 a long context into partitions of 512 keys, each a block of its own, and merges them with a second
 kernel (flash-decoding); and its cache is fp16 / bf16 or fp8, where ours is float32.
 
+`write_kv` stores a batch's new K/V at their slots, one thread block per token.
+
 The host wrappers below also copy the *whole* cache to the device on every call, because the
 engine's paged cache lives in host memory; a cache kept on the GPU would skip the copies and call
-`paged_attention_gpu` directly.
+`write_kv_gpu` and `paged_attention_gpu` directly.
 """
 from __future__ import annotations
 
@@ -51,8 +53,48 @@ from minillm.kernels.cuda.contiguous_attention import (
     load_query,
     merge_warps,
 )
-from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, to_gpu
-from minillm.kernels.shapes import paged_decode_rows, paged_prefill_rows
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.shapes import check_contiguous_cache, check_write_kv, paged_decode_rows, paged_prefill_rows
+
+
+# -----------------------------------------------------------------------------------------------
+# writing: one block per new token, its threads over the token's Hkv * Dh floats
+
+
+@cuda.jit
+def write_kv_kernel(k_cache, v_cache, k, v, slot_mapping):
+    """k_cache, v_cache (num_blocks, block_size, Hkv, Dh) get k[i], v[i] (N, Hkv, Dh) at slot
+    slot_mapping[i] (N,) int64, i.e. block slot // block_size, offset slot % block_size. Grid N."""
+    i = cuda.blockIdx.x
+    block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
+    block, offset = slot_mapping[i] // block_size, slot_mapping[i] % block_size
+    for e in range(cuda.threadIdx.x, k_cache.shape[2] * head_dim, cuda.blockDim.x):
+        h, d = e // head_dim, e % head_dim  # consecutive threads, consecutive floats: coalesced
+        k_cache[block, offset, h, d] = k[i, h, d]
+        v_cache[block, offset, h, d] = v[i, h, d]
+
+
+def write_kv_gpu(k_cache, v_cache, k, v, slot_mapping) -> None:
+    """Device arrays, the caches written in place (see write_kv_kernel). Checks nothing: see write_kv."""
+    write_kv_kernel[len(slot_mapping), threads_for(k.shape[1] * k.shape[2])](k_cache, v_cache, k, v, slot_mapping)
+
+
+def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """CUDA version of reference.write_kv: k, v (N, Hkv, Dh) into their slots (N,), in place.
+
+    The engine's cache lives in host memory, so the whole cache goes to the device and back for a
+    write of N rows; a cache kept on the GPU would call write_kv_gpu and copy nothing.
+    """
+    slot_mapping = np.asarray(slot_mapping)
+    check_write_kv(k_cache, v_cache, k, v, slot_mapping)
+    check_contiguous_cache(k_cache, v_cache)
+    if not len(slot_mapping):
+        return
+    k_gpu, v_gpu = to_gpu(k_cache), to_gpu(v_cache)
+    write_kv_gpu(k_gpu, v_gpu, to_gpu(k), to_gpu(v), to_gpu(slot_mapping, np.int64))
+    k_gpu.copy_to_host(k_cache)
+    v_gpu.copy_to_host(v_cache)
+
 
 
 @cuda.jit

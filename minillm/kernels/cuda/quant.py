@@ -26,7 +26,7 @@ from numba import cuda, float32, int32
 from minillm.kernels.cuda.basics import warp_sum
 from minillm.kernels.cuda.matmul_ladder import linear_gpu
 from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, threads_for, to_gpu
-from minillm.kernels.cpu.quant import QMatrix
+from minillm.kernels.quant_formats import QMatrix
 
 Q8_0, Q4_0, Q4_1 = 0, 1, 2
 QTYPE_CODES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}

@@ -22,7 +22,7 @@ from minillm.kernels.cuda.matmul_ladder import linear_gpu, matmul_naive_gpu, mat
 from minillm.kernels.cuda.ops import embedding_gpu, rms_norm_gpu, rope_gpu, softmax_gpu, swiglu_gpu
 from minillm.kernels.cuda.quant import GPUQMatrix, qlinear_gpu
 from minillm.kernels.cuda.setup import to_gpu
-from minillm.kernels.cpu.quant import quantize
+from minillm.kernels.quant_formats import quantize
 from minillm.kernels.reference import rope_table
 
 
