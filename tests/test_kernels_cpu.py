@@ -10,6 +10,9 @@ Tolerances are relative to the largest reference value, per operator:
 The first run compiles every kernel (tens of seconds); Numba's cache makes later runs fast.
 """
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -402,6 +405,51 @@ def test_registry_refuses_unknown_and_incomplete_backends():
         registry.get_backend("tpu")
     with pytest.raises(TypeError, match="lacks qembedding"):
         registry.Backend("partial", {op: print for op in registry.OPS if op != "qembedding"})
+
+
+def test_a_registered_backend_is_built_by_its_factory_on_every_call(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})  # this test's registrations only
+    reference_ops = {op: getattr(reference, op) for op in registry.OPS}
+    registry.register_backend("mine", lambda: registry.Backend("mine", reference_ops))
+    first, second = registry.get_backend("mine"), registry.get_backend("mine")
+    assert first is not second and first.name == "mine" and first.write_kv is reference.write_kv
+    assert registry.backend_names() == ["reference", "numba", "cuda", "mine"]
+    registry.register_backend("mine", lambda: registry.get_backend("numba"))  # a second registration replaces
+    assert registry.get_backend("mine") is registry.get_backend("numba")
+    registry.register_backend("broken", lambda: reference_ops)
+    with pytest.raises(TypeError, match="'broken' returned dict, not a Backend"):
+        registry.get_backend("broken")
+    with pytest.raises(ValueError, match="'numba' is a built-in"):
+        registry.register_backend("numba", lambda: registry.Backend("numba", reference_ops))
+    with pytest.raises(TypeError, match="needs a callable"):
+        registry.register_backend("mine", registry.Backend("mine", reference_ops))
+    with pytest.raises(TypeError, match="lacks write_kv"):  # checked complete when built, K/V writes included
+        registry.register_backend("partial", lambda: registry.Backend(
+            "partial", {op: fn for op, fn in reference_ops.items() if op != "write_kv"}))
+        registry.get_backend("partial")
+
+
+def test_the_exercises_backend_before_the_course_registered_it_says_what_to_import(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})  # as in a process that has not imported minillm.course
+    with pytest.raises(registry.BackendUnavailable, match=r"registered by minillm.course.*import minillm.course"):
+        registry.get_backend("exercises")
+    with pytest.raises(ValueError, match="unknown kernel backend 'tpu'; choose one of reference, numba, cuda$"):
+        registry.get_backend("tpu")
+
+
+def test_importing_the_kernels_registers_nothing_and_importing_the_course_registers_exercises():
+    """In a fresh process: the kernels alone know no "exercises" backend; minillm.course brings it."""
+    script = """
+from minillm.kernels import registry
+assert registry.backend_names() == ["reference", "numba", "cuda"], registry.backend_names()
+import minillm.course
+ops = registry.get_backend("exercises")
+assert ops.name == "exercises" and ops.write_kv is registry.get_backend("numba").write_kv
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_cuda_backend_is_listed_only_when_it_can_run():

@@ -104,9 +104,30 @@ def test_bad_arguments_name_the_problem(rng):
                                    np.array([1]))
 
 
-def test_the_cuda_backend_attends_with_these_kernels():
+def test_write_kv_scatters_each_row_to_its_slot_as_the_reference_does(rng):
+    num_blocks, block_size, n_kv_heads, head_dim = 3, 2, 2, 4
+    k_cache = rng.standard_normal((num_blocks, block_size, n_kv_heads, head_dim)).astype(np.float32)
+    v_cache = rng.standard_normal(k_cache.shape).astype(np.float32)
+    slots = np.array([5, 0, 3])                                # (N,) scattered over the blocks
+    k, v = (rng.standard_normal((3, n_kv_heads, head_dim)).astype(np.float32) for _ in range(2))
+    expected_k, expected_v = k_cache.copy(), v_cache.copy()
+    reference.write_kv(expected_k, expected_v, k, v, slots)
+    gpu.write_kv(k_cache, v_cache, k, v, slots)
+    np.testing.assert_array_equal(k_cache, expected_k)        # these rows, and nothing else, changed
+    np.testing.assert_array_equal(v_cache, expected_v)
+    for slot, row in zip(slots, k):                             # and the reference is the definition
+        np.testing.assert_array_equal(k_cache[slot // block_size, slot % block_size], row)
+    with pytest.raises(ValueError, match="slots must lie"):
+        gpu.write_kv(k_cache, v_cache, k[:1], v[:1], np.array([num_blocks * block_size]))
+    with pytest.raises(ValueError, match="contiguous"):
+        gpu.write_kv(k_cache[:, ::2], v_cache[:, ::2], k[:1], v[:1], np.array([0]))
+    np.testing.assert_array_equal(k_cache, expected_k)        # a refused write wrote nothing
+
+
+def test_the_cuda_backend_attends_and_writes_with_these_kernels():
     from minillm.kernels.registry import get_backend
 
     ops = get_backend("cuda")
     assert ops.paged_attention_decode is gpu.paged_attention_decode
     assert ops.paged_attention_prefill is gpu.paged_attention_prefill
+    assert ops.write_kv is gpu.write_kv
