@@ -1,10 +1,16 @@
-"""Issue 21's attack set against a running `minillm serve` on loopback. Not part of `make test`.
+"""Issues 21 and 27's attack sets against a running `minillm serve` on loopback. Not part of `make test`.
 
 Each attack is bounded in count and time. For each one it records: the HTTP statuses it got, how
 long it took, the slowest `/health` answer while it ran (a poller asks every 0.1 s), the server's
 RSS before and after, and the KV usage once the server is quiet again. Goals (issue 21): every
 attack answered within 2 s or refused, /health under 0.5 s throughout, RSS back within 5 % after
-each attack, KV usage 0 after each.
+each attack, KV usage 0 after each. Issue 27's attacks (constraints that compile slowly or without
+bound, two constraints at once, bad tools, cut tool calls, rebound Host names) each send a short
+"probe" request 0.5 s in: its latency ("last_answer_s") is what another client waited meanwhile.
+Two need a server of their own: a bad --speculative-config (the CLI's exit status and message) and
+the drain deadline (streams open at SIGTERM with --drain-timeout 2: did each end with an error
+event and [DONE], and did the log stay free of tracebacks). Replicas' findings (27.6) are tested
+in tests/test_abuse_serve.py, not here.
 
     .venv/bin/python benchmarks/abuse.py --note "busy machine"    # -> benchmarks/results/abuse.json
 """
@@ -12,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
+import signal
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -28,6 +37,21 @@ from soak import quiet
 from minillm.model.fetch import cached_model_path, fetch
 
 CHAT = [{"role": "user", "content": "Hi"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "required": ["location"], "properties": {"location": {"type": "string"}}}}}
+
+
+def nested_arrays(depth: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def ref_chain(levels: int) -> dict:
+    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "integer"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
 
 
 def random_word(rng: random.Random, length: int) -> str:
@@ -37,6 +61,7 @@ def random_word(rng: random.Random, length: int) -> str:
 def attacks(model: str, rng: random.Random, long_prompt: str) -> dict:
     """name -> a list of (method, path, keyword arguments for httpx) sent at once."""
     chat = {"model": model, "messages": CHAT, "max_tokens": 4}
+    probe = ("POST", "/v1/chat/completions", {"json": {**chat, "max_tokens": 2}, "delay": 0.5})
     return {
         "huge_n": [("POST", "/v1/chat/completions", {"json": {**chat, "n": 10**6}})],
         "word_32k_chars": [("POST", "/v1/completions", {"json": {"model": model, "prompt": random_word(rng, 32_000)}})],
@@ -68,6 +93,42 @@ def attacks(model: str, rng: random.Random, long_prompt: str) -> dict:
             {"role": "user", "content": "Hi", "name": "n" * 1_000_000}]}})],
         "burst_200": [("POST", "/v1/completions", {"json": {"model": model, "prompt": "Hi", "max_tokens": 1}})
                       for _ in range(200)],
+        # issue 27 (1-4): constraints; each with a probe
+        **{name: [("POST", "/v1/completions", {"json": {"model": model, "prompt": "Hi", "max_tokens": 4, **fields}}),
+                  probe] for name, fields in {
+            "regex_a1000_1000_2": {"guided_regex": "(?:(?:a{1000}){1000}){2}"},
+            "json_16_nested_arrays": {"guided_json": nested_arrays(16)},
+            "json_16_ref_anyof_levels": {"guided_json": ref_chain(16)},
+            "regex_printable_0_1000": {"guided_regex": "[ -~]{0,1000}"},
+            "choice_with_min_tokens": {"prompt": "Answer yes:", "max_tokens": 20, "min_tokens": 10,
+                                       "guided_choice": ["yes"]},
+            "json_max_length_5000": {"guided_json": {"type": "string", "maxLength": 5000}},
+            "json_minimum_1e400": {"guided_json": json.loads('{"type": "number", "minimum": 1e400}')},
+            "pattern_lone_surrogate": {"guided_json": {"type": "string", "pattern": "^\\ud800$"}},
+        }.items()},
+        "constraint_next_to_streams": [*([("POST", "/v1/completions", {"json": {
+            "model": model, "prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True, "stream": True}})] * 2),
+            ("POST", "/v1/completions", {"json": {"model": model, "prompt": "Answer yes:", "max_tokens": 20,
+                                                  "min_tokens": 10, "guided_choice": ["yes"]}, "delay": 0.5})],
+        # 5: two constraints at once
+        "guided_json_and_response_format": [("POST", "/v1/chat/completions", {"json": {
+            **chat, "guided_json": {"type": "string"}, "response_format": {"type": "json_object"}}}), probe],
+        "guided_regex_and_required_tool": [("POST", "/v1/chat/completions", {"json": {
+            **chat, "guided_regex": "yes", "tools": [WEATHER], "tool_choice": "required"}}), probe],
+        # 8: tools
+        **{f"tool_name_{i}": [("POST", "/v1/chat/completions", {"json": {**chat, "tools": [
+            {"type": "function", "function": {"name": name}}]}})]
+           for i, name in enumerate(["", "get weather; rm -rf", "</tool_call><|im_end|>"])},
+        "duplicate_tool_names": [("POST", "/v1/chat/completions", {"json": {**chat, "tools": [WEATHER, WEATHER]}})],
+        "string_tool_parameters": [("POST", "/v1/chat/completions", {"json": {**chat, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}})],
+        "tool_call_cut_by_max_tokens": [("POST", "/v1/chat/completions", {"json": {
+            **chat, "max_tokens": 20, "tools": [WEATHER], "tool_choice": "required"}})],
+        "tool_call_cut_by_stop": [("POST", "/v1/chat/completions", {"json": {
+            **chat, "max_tokens": 40, "stop": ['"location"'], "tools": [WEATHER], "tool_choice": "required"}})],
+        # 10: DNS rebinding reads
+        "rebound_host": [("GET", path, {"headers": {"Host": "evil.example"}}) for path in ("/", "/metrics", "/health",
+                                                                                          "/v1/models")],
     }
 
 
@@ -117,10 +178,64 @@ def upload_then_leave(host: str, port: int) -> dict:
     """A client that disconnects halfway through its body."""
     start = time.perf_counter()
     with socket.create_connection((host, port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100000\r\n\r\n{\"model\": ")
         time.sleep(0.3)
     return {"statuses": {"disconnected": 1}, "seconds": round(time.perf_counter() - start, 3)}
+
+
+def bad_speculative_configs() -> dict:
+    """27.9: `minillm serve` with speculative configs that must be refused by name, before the model loads."""
+    results = {}
+    for name, config in {"k_1000": {"num_speculative_tokens": 1000}, "k_true": {"num_speculative_tokens": True},
+                         "string_min": {"num_speculative_tokens": 4, "prompt_lookup_min": "2"}}.items():
+        start = time.perf_counter()
+        run = subprocess.run([sys.executable, "-m", "minillm.cli", "serve", "--speculative-config",
+                              json.dumps({"method": "ngram", **config})], capture_output=True, text=True, timeout=120)
+        results[name] = {"exit_status": run.returncode, "message": run.stderr.strip().splitlines()[-1][-200:],
+                         "seconds": round(time.perf_counter() - start, 3)}
+    return results
+
+
+def drain_deadline(model_path: Path, streams: int = 2) -> dict:
+    """27.7: streams still running at the --drain-timeout deadline; how each ended, and the log."""
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", "minillm.cli", "serve", "--model", str(model_path), "--port",
+                            str(port), "--drain-timeout", "2"], port, threads=psutil.cpu_count())
+    server.wait_ready()
+    model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+    async def scenario() -> list[list[str]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+            started = [asyncio.Event() for _ in range(streams)]
+
+            async def read(i: int) -> list[str]:
+                lines = []
+                try:
+                    async with http.stream("POST", "/v1/completions", json=body) as response:
+                        async for line in response.aiter_lines():
+                            if line.startswith("data: "):
+                                lines.append(line[6:])
+                                started[i].set()
+                except httpx.HTTPError as e:
+                    lines.append(f"cut: {type(e).__name__}")
+                return lines
+
+            readers = [asyncio.ensure_future(read(i)) for i in range(streams)]
+            for event in started:
+                await event.wait()
+            server.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*readers)
+
+    start = time.perf_counter()
+    ends = asyncio.run(scenario())
+    status = server.process.wait(timeout=120)
+    server.log.close()
+    log = Path(server.log.name).read_text()
+    return {"exit_status": status, "seconds_after_sigterm": round(time.perf_counter() - start, 3),
+            "stream_endings": [lines[-2:] for lines in ends],
+            "tracebacks_in_log": log.count("Traceback"), "cancelled_errors_in_log": log.count("CancelledError")}
 
 
 def main() -> None:
@@ -166,6 +281,11 @@ def main() -> None:
         server.process.terminate()
         server.process.wait(timeout=120)
         server.log.close()
+    for name, replay in (("bad_speculative_configs", bad_speculative_configs),
+                         ("drain_deadline", lambda: drain_deadline(model_path))):
+        if args.only is None or name in args.only:
+            results[name] = replay()
+            print(name, results[name], flush=True)
     out = save_result("abuse", {"note": args.note, "server": "minillm serve (defaults), 127.0.0.1",
                                 "alive_at_end": alive, "attacks": results}, args.out)
     print(f"wrote {out}")

@@ -107,6 +107,8 @@ def _serve(args) -> int:
         _use_threads(args.threads)  # before the engine's libraries load
     if args.replicas is None and args.routing is not None:
         raise ValueError("--routing chooses among replicas: give --replicas N too")
+    if args.replicas is None and args.ray_dashboard:
+        raise ValueError("--ray-dashboard is Ray's, which runs only with --replicas N")
     if args.replicas is not None and args.tensor_parallel_size > 1:
         raise ValueError("--tensor-parallel-size and --replicas do not combine yet: each replica is one process")
     from minillm.serve.app import main as serve_main
@@ -115,7 +117,7 @@ def _serve(args) -> int:
         from minillm.serve.replicas import main as replicas_main
 
         serve_main = functools.partial(replicas_main, num_replicas=args.replicas, threads=args.threads or 1,
-                                       routing=args.routing or "cache-aware")
+                                       routing=args.routing or "cache-aware", ray_dashboard=args.ray_dashboard)
     return serve_main(host=args.host, port=args.port, model=args.model, max_num_seqs=args.max_num_seqs,
                       kv_cache_bytes=args.kv_cache_bytes, max_n=args.max_n, allowed_origins=args.allowed_origins,
                       enable_docs=args.enable_docs, max_waiting=args.max_waiting, activations=args.activations,
@@ -123,7 +125,7 @@ def _serve(args) -> int:
                       protect_metrics=args.protect_metrics, request_timeout=args.request_timeout or None,
                       max_request_tokens=args.max_request_tokens or None, max_body_bytes=args.max_body_bytes or None,
                       drain_timeout=args.drain_timeout, tensor_parallel_size=args.tensor_parallel_size,
-                      max_queued_tokens=args.max_queued_tokens or None,
+                      max_queued_tokens=args.max_queued_tokens or None, allowed_hosts=args.allowed_hosts,
                       log_level=args.log_level, speculative=args.speculative_config)
 
 
@@ -158,15 +160,17 @@ def _speculative_config(text: str) -> dict:
     return options
 
 
-def _origins(text: str) -> list[str]:
-    """``--allowed-origins '["https://a.example"]'``: a JSON list of strings, as vLLM takes it."""
-    try:
-        origins = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"--allowed-origins must be a JSON list of origins: {e}") from None
-    if not (isinstance(origins, list) and all(isinstance(o, str) for o in origins)):
-        raise argparse.ArgumentTypeError(f"--allowed-origins must be a JSON list of strings, got {text!r}")
-    return origins
+def _json_strings(flag: str, what: str):
+    """A parser for ``flag``: a JSON list of strings, as vLLM takes ``--allowed-origins``."""
+    def parse(text: str) -> list[str]:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of {what}: {e}") from None
+        if not (isinstance(values, list) and all(isinstance(v, str) for v in values)):
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of strings, got {text!r}")
+        return values
+    return parse
 
 
 def _add_speculative(p: argparse.ArgumentParser) -> None:
@@ -219,9 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-bytes", type=int, default=None,
                    help="memory for the paged KV cache (default: min(4 GiB, a quarter of the available memory))")
     p.add_argument("--max-n", type=int, default=8, help="the most completions (n) one request may ask for")
-    p.add_argument("--allowed-origins", type=_origins, default=[],
+    p.add_argument("--allowed-origins", type=_json_strings("--allowed-origins", "origins"), default=[],
                    help='web origins whose pages may call the API, as JSON, e.g. \'["https://app.example"]\' '
                         '(default: only the server\'s own chat page)')
+    p.add_argument("--allowed-hosts", type=_json_strings("--allowed-hosts", "host names"), default=None,
+                   help='Host header names the server answers to besides localhost, 127.0.0.1 and [::1], as JSON, '
+                        'e.g. \'["llm.internal"]\' ("*": any). Default: on a loopback address only those three '
+                        '(DNS rebinding protection), elsewhere any')
     p.add_argument("--enable-docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
     p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
     p.add_argument("--max-queued-tokens", type=int, default=16384,
@@ -248,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/Ctrl-C, seconds in-flight requests get to finish before they are aborted")
     p.add_argument("--replicas", type=int, default=None,
                    help="serve from N engine replicas on Ray Serve (--threads each, default 1) behind one endpoint")
+    p.add_argument("--ray-dashboard", action="store_true",
+                   help="with --replicas: start Ray's dashboard too (on 127.0.0.1; off by default)")
     p.add_argument("--routing", choices=POLICIES, default=None,
                    help="how --replicas share the requests (default: cache-aware, to the replica holding the prefix)")
     p.set_defaults(run=_serve)

@@ -103,8 +103,10 @@ def test_cross_site_posts_are_refused(server, model):
 def test_no_docs_and_no_host_reflected_into_a_redirect(server):
     assert httpx.get(server.url + "/docs").status_code == 404
     assert httpx.get(server.url + "/openapi.json").status_code == 404
-    response = httpx.post(server.url + "/v1/completions/", json={}, headers={"Host": "evil.example"})
-    assert "evil.example" not in response.headers.get("location", "") and response.status_code == 404
+    response = httpx.post(server.url + "/v1/completions/", json={}, headers={"Host": "localhost.evil"})
+    assert "localhost.evil" not in response.headers.get("location", "") and response.status_code == 403  # Host check
+    response = httpx.post(server.url + "/v1/completions/", json={}, headers={"Host": "localhost"})
+    assert "location" not in response.headers and response.status_code == 404
 
 
 def test_stop_strings_are_bounded(server, model):
@@ -128,7 +130,7 @@ def test_a_huge_name_is_refused(server, model):
 def test_a_client_leaving_mid_upload_is_no_internal_error(server, model, caplog):
     with caplog.at_level(logging.INFO, logger="minillm.serve"):
         with socket.create_connection((server.host, server.port)) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 100000\r\n\r\n{\"model\": ")
             time.sleep(0.5)
         deadline = time.monotonic() + 30

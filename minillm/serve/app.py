@@ -5,9 +5,10 @@
     GET  /v1/models             the one model served
     GET  /health                200 while the engine thread runs
     GET  /metrics               Prometheus text format (minillm:* series)
-    GET  /                      the chat page (``chat_page.py``)
+    GET  /                      the chat page (``chat_page.py``; its script and style under /static/)
 
-Around them: API keys (``auth.py``), one access-log line per request (``access_log.py``); in the
+Around them: the Host, Origin and Content-Type checks (``request_guard.py``), API keys (``auth.py``),
+one access-log line per request (``access_log.py``); in the
 foreground, ``shutdown.py`` drains on SIGTERM/SIGINT.
 
 The routes live in ``routes.py``, the request bodies and their checks in ``protocol.py``, the
@@ -48,10 +49,10 @@ def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, 
                api_key: str | None = None, protect_metrics: bool = False, request_timeout: float | None = None,
                max_request_tokens: int | None = None, max_body_bytes: int | None = None,
                allowed_origins: list[str] = (), enable_docs: bool = False,
-               max_queued_tokens: int | None = None) -> FastAPI:
+               max_queued_tokens: int | None = None, allowed_hosts: list[str] | None = None) -> FastAPI:
     """The app serving ``llm``; its engine thread starts and stops with the app (FastAPI lifespan).
     ``api_key``: see ``auth.py``; ``request_timeout``, ``max_request_tokens``, ``max_queued_tokens``: ``AsyncEngine``;
-    ``max_body_bytes``: ``body_limit.py``; ``allowed_origins``: ``request_guard.py``. ``enable_docs``:
+    ``max_body_bytes``: ``body_limit.py``; ``allowed_origins``, ``allowed_hosts``: ``request_guard.py``. ``enable_docs``:
     serve FastAPI's /docs and /openapi.json (off by default: they map the server for anyone)."""
     name = model_name or served_model_name(llm)
     limits = llm.engine.stats()  # taken before the engine thread starts: from then on only it touches the engine
@@ -76,10 +77,11 @@ def create_app(llm: LLM, model_name: str | None = None, max_waiting: int = 128, 
     app.include_router(chat_page.router)
     auth.install(app, api_key, protect_metrics)
     body_limit.install(app, max_body_bytes)
-    app.add_middleware(RequestGuard, allowed_origins=allowed_origins)
-    if allowed_origins:  # browsers at those origins may also read the answers
+    if allowed_origins:  # browsers at those origins may also read the answers (inside the guard: a
+        # preflight from a rebound host name or a refused origin never reaches it)
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(RequestGuard, allowed_origins=allowed_origins, allowed_hosts=allowed_hosts)
     access_log.install(app)  # added last, so outermost: it logs the 401s too
     return app
 
@@ -134,7 +136,7 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
          protect_metrics: bool = False, request_timeout: float | None = 600.0, max_request_tokens: int | None = 32768,
          max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
          log_level: str = "info", speculative: dict | None = None, max_queued_tokens: int | None = 16384,
-         tensor_parallel_size: int = 1) -> int:
+         tensor_parallel_size: int = 1, allowed_hosts: list[str] | None = None) -> int:
     """``minillm serve``: load the model, print how to call it, serve until SIGTERM or Ctrl-C (``shutdown.py``)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api_key = auth.resolve_api_key(api_key, protect_metrics)  # a bad combination fails before the model loads
@@ -145,7 +147,8 @@ def main(host: str = "127.0.0.1", port: int = 8000, model: str | None = None, ma
     app = create_app(llm, model_name=model_name, max_waiting=max_waiting, api_key=api_key,
                      protect_metrics=protect_metrics, request_timeout=request_timeout,
                      max_request_tokens=max_request_tokens, max_body_bytes=max_body_bytes,
-                     allowed_origins=allowed_origins, enable_docs=enable_docs, max_queued_tokens=max_queued_tokens)
+                     allowed_origins=allowed_origins, enable_docs=enable_docs, max_queued_tokens=max_queued_tokens,
+                     allowed_hosts=allowed_hosts)
     name, url = app.state.model_name, f"http://{host}:{port}"
     key_header = " -H \"Authorization: Bearer $MINILLM_API_KEY\"" if api_key else ""
     print(f"minillm serving {name} at {url}/v1 (chat page at {url}/, metrics at {url}/metrics), "

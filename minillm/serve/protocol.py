@@ -16,6 +16,7 @@ and its completion against the context and the KV cache - is checked by the engi
 """
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from typing import Literal
 
@@ -27,6 +28,7 @@ from minillm.serve import tools as tool_format
 from minillm.serve.errors import APIError, bad_request
 
 MAX_LOGPROBS = 20  # most alternatives returned per token (vLLM's default cap)
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names and message names
 
 
 class Strict(BaseModel):
@@ -56,7 +58,7 @@ class ToolCall(Strict):
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None   # None: an assistant turn that only called tools
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule; the template ignores it
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)  # the template ignores it
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
@@ -137,6 +139,18 @@ class SamplingFields(Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def constraint_fields(self) -> list[str]:
+        """The fields of this request that constrain the reply, in the order they are named."""
+        return [name for name in ("guided_regex", "guided_json", "guided_choice") if getattr(self, name) is not None]
+
+    def check_one_constraint(self) -> None:
+        """The engine follows one constraint per reply: two would be intersected (which it cannot do)
+        or one silently dropped, so a request that sends two is refused, naming both."""
+        given = self.constraint_fields()
+        if len(given) > 1:
+            raise bad_request(f"{given[0]} and {given[1]} both constrain the reply, and a request may send only "
+                              f"one constraint; send one of them", given[1])
+
     def check_model(self, served_model: str) -> None:
         if self.model != served_model:
             raise APIError(404, f"The model `{self.model}` does not exist. This server serves `{served_model}`.",
@@ -185,6 +199,7 @@ class CompletionRequest(SamplingFields):
 
     def to_sampling_params(self) -> SamplingParams:
         check_logprobs(self.logprobs, "logprobs")
+        self.check_one_constraint()
         return self.sampling_params(self.max_tokens, self.logprobs)
 
 
@@ -217,14 +232,45 @@ class ChatCompletionRequest(SamplingFields):
     def parses_tool_calls(self) -> bool:
         return self.offered_tools() is not None
 
+    def constraint_fields(self) -> list[str]:
+        """Offered tools constrain the reply too (``tools.py``), even with tool_choice "auto": its
+        regex allows either a call or text, so it cannot be combined with a second constraint."""
+        fields_ = ["tools"] if self.parses_tool_calls else []
+        if self.response_format is not None and self.response_format.type != "text":
+            fields_.append("response_format")
+        return fields_ + super().constraint_fields()
+
+    def check_tools(self) -> None:
+        """OpenAI's rules for function definitions, each refusal naming the offending field: a name of
+        1 to 64 letters, digits, ``_`` or ``-`` (it is written into the prompt and into the call's tags,
+        so ``</tool_call>`` or ``;`` in it would forge the format), names unique (a call names its
+        tool), ``parameters`` an object schema (a call's arguments are a JSON object)."""
+        seen: dict[str, int] = {}
+        for i, tool in enumerate(self.tools or []):
+            function, where = tool.function, f"tools[{i}].function"
+            if not re.fullmatch(NAME_PATTERN, function.name):
+                raise bad_request(f"Invalid '{where}.name': {function.name[:80]!r} does not match the pattern "
+                                  f"'{NAME_PATTERN}' (1 to 64 letters, digits, underscores or dashes)",
+                                  f"{where}.name", "invalid_value")
+            if function.name in seen:
+                raise bad_request(f"Invalid '{where}.name': {function.name!r} is also the name of "
+                                  f"tools[{seen[function.name]}]; function names must be unique",
+                                  f"{where}.name", "invalid_value")
+            seen[function.name] = i
+            # {} is taken as absent (a function without arguments), as tools.call_regex reads it
+            if function.parameters and function.parameters.get("type") != "object":
+                raise bad_request(f"Invalid '{where}.parameters': a function's parameters must be a JSON Schema "
+                                  f"of type \"object\", got type {function.parameters.get('type')!r}",
+                                  f"{where}.parameters", "invalid_function_parameters")
+
     def constraint(self) -> dict:
-        """response_format and tools as SamplingParams' guided_* fields."""
+        """response_format and tools as SamplingParams' guided_* fields (at most one of them:
+        ``check_one_constraint``)."""
         if self.tool_choice is not None and not self.tools:
             raise bad_request("tool_choice needs tools", "tool_choice")
+        self.check_tools()
         fmt = self.response_format
         if self.parses_tool_calls:
-            if fmt is not None and fmt.type != "text":
-                raise bad_request("response_format and tools cannot constrain the same reply", "response_format")
             choice = self.tool_choice or "auto"
             try:
                 pattern = tool_format.call_regex(self.offered_tools(), choice if isinstance(choice, str)
@@ -262,6 +308,7 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
         check_logprobs(self.top_logprobs, "top_logprobs")
+        self.check_one_constraint()
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self.sampling_params(self.requested_max_tokens()[0], logprobs, **self.constraint())
 

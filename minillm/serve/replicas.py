@@ -49,6 +49,7 @@ from minillm.serve.metrics import ServerMetrics
 from minillm.serve.router import make_policy
 
 RAY_OBJECT_STORE_BYTES = 150 << 20  # the replicas pass small messages only: a small store starts fast
+log = logging.getLogger("minillm.serve")
 
 
 @dataclass
@@ -70,6 +71,12 @@ class Refusal:
         return failure
 
 
+def internal_refusal(e: Exception) -> Refusal:
+    """A bug met inside a replica: logged there in full, sent as the single engine's 500 sentence."""
+    log.exception("internal error in a replica")
+    return Refusal(500, f"internal error in the engine: {type(e).__name__}: {e}")
+
+
 # -----------------------------------------------------------------------------------------------
 # One replica: an engine in a Ray actor
 
@@ -88,14 +95,19 @@ class EngineReplica:
         self.engine.start()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str):
-        """ACCEPTED (or a Refusal), then each step's ``list[StepOutput]`` (or a Refusal mid-stream)."""
+        """ACCEPTED (or a Refusal), then each step's ``list[StepOutput]`` (or a Refusal mid-stream).
+        Every failure leaves as a Refusal carrying the single engine's one-sentence message: an
+        exception escaping this generator would reach the client as Ray's whole traceback."""
         try:
             stream = await self.engine.submit(prompt_ids, params, request_id, time.perf_counter())
         except RequestRejected as e:
             yield Refusal(400, e.message, e.param, e.code)
             return
-        except APIError as e:
-            yield Refusal(e.status, e.message)
+        except (APIError, EngineFailure) as e:
+            yield Refusal(e.status, str(e))
+            return
+        except Exception as e:
+            yield internal_refusal(e)
             return
         yield ACCEPTED
         try:  # a cancelled call (the client left) raises CancelledError here: close() aborts the request
@@ -103,6 +115,8 @@ class EngineReplica:
                 yield outputs
         except EngineFailure as e:
             yield Refusal(e.status, str(e))
+        except Exception as e:
+            yield internal_refusal(e)
         finally:
             stream.close()
 
@@ -144,7 +158,11 @@ class ReplicaStream:
             raise
         except Exception as e:  # the replica's process died, or Ray could not reach it
             self.finish()
-            raise EngineFailure(f"the replica serving this request failed: {type(e).__name__}: {e}") from None
+            # Ray's message is a traceback (paths, pid, ip, actor id, colours): the log gets it, the client
+            # one sentence, as the single engine would say it
+            log.warning("a replica call failed: %s", e)
+            raise EngineFailure(f"the replica serving this request failed ({ray_error_name(e)}); retry the "
+                                f"request") from None
         if isinstance(item, Refusal):
             self.finish()
             raise item.exception()
@@ -159,6 +177,11 @@ class ReplicaStream:
         if not self.done:
             self.responses.cancel()
             self.finish()
+
+
+def ray_error_name(e: Exception) -> str:
+    """``RayActorError``, not ``RayTaskError(ValueError)`` with the replica's traceback."""
+    return type(e).__name__.split("(")[0]
 
 
 class ReplicaSet:
@@ -177,6 +200,11 @@ class ReplicaSet:
     @property
     def alive(self) -> bool:
         return not self.stopping
+
+    def stop(self) -> None:
+        """New requests get a 503. (Unlike ``AsyncEngine.stop`` it does not end the streams in flight:
+        those end when ``Replicas.shutdown`` deletes the replicas, or are cancelled by uvicorn.)"""
+        self.stopping = True
 
     def check_params(self, params: SamplingParams) -> None:
         """The engine's checks that need no prompt: the replicas run the same engine, so the local one answers."""
@@ -212,25 +240,35 @@ class ReplicaSet:
 # Starting it all
 
 
-def start_ray(num_cpus: int) -> None:
-    """A local Ray cluster sized for this box: no dashboard, a small object store, quiet logs."""
+def start_ray(num_cpus: int, dashboard: bool = False) -> None:
+    """A local Ray cluster sized for this box: a small object store, quiet logs, no dashboard unless
+    asked for (then on 127.0.0.1 only: it can submit jobs, which is running code).
+
+    What Ray 2.60 cannot do: listen on loopback only. ``ray.init(_node_ip_address="127.0.0.1")``
+    is replaced by the node's own address (``services.resolve_ip_for_localhost``), and its GCS,
+    raylet and workers' gRPC servers bind every interface whatever the node address; only the
+    dashboard (``dashboard_host``) and part of the dashboard agent follow an address. What guards
+    them is the environment's: Ray's token authentication (``RAY_AUTH_MODE=token``) or a firewall
+    on Ray's ports (tests/test_abuse_serve.py lists what listens)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, object_store_memory=RAY_OBJECT_STORE_BYTES, include_dashboard=False,
-                 logging_level=logging.ERROR, log_to_driver=False)  # errors only: not its local-cluster notes
+        ray.init(num_cpus=num_cpus, object_store_memory=RAY_OBJECT_STORE_BYTES, include_dashboard=dashboard,
+                 dashboard_host="127.0.0.1", logging_level=logging.ERROR,
+                 log_to_driver=False)  # errors only: not its local-cluster notes
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per deployment step
 
 
 class Replicas:
     """``num_replicas`` engines of ``threads`` threads each on Ray Serve, and ``app``: the OpenAI routes
     in front of them, routing by ``routing`` (see ``router.POLICIES``). ``app_options`` go to
-    ``create_app`` (API key, body limit, origins ...); ``engine_args`` to each replica's ``LLM``."""
+    ``create_app`` (API key, body limit, origins ...); ``engine_args`` to each replica's ``LLM``;
+    ``ray_dashboard``: start Ray's dashboard (``start_ray``)."""
 
     def __init__(self, model: str | Path | None = None, num_replicas: int = 2, routing: str = "cache-aware",
                  threads: int = 1, max_waiting: int = 128, request_timeout: float | None = None,
                  max_request_tokens: int | None = None, max_queued_tokens: int | None = None,
-                 app_options: dict | None = None, **engine_args):
+                 app_options: dict | None = None, ray_dashboard: bool = False, **engine_args):
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if threads < 1:
@@ -242,7 +280,7 @@ class Replicas:
             raise ModuleNotFoundError(f"replicas run on Ray Serve, which is not installed ({e}): "
                                       f"pip install 'ray[serve]' (make install does)") from None
         self.llm = LLM(model, **engine_args)  # the front's tokenizer and checks; it never steps
-        start_ray(num_cpus=num_replicas * threads)
+        start_ray(num_cpus=num_replicas * threads, dashboard=ray_dashboard)
         serve.start(proxy_location="Disabled")  # the endpoint is ours (uvicorn), not Serve's HTTP proxy
         deployment = serve.deployment(EngineReplica, ray_actor_options={"num_cpus": threads},
                                       max_ongoing_requests=max_waiting + engine_args.get("max_num_seqs", 32),
@@ -351,14 +389,16 @@ def main(num_replicas: int = 2, routing: str = "cache-aware", threads: int = 1, 
          api_key: str | None = None, protect_metrics: bool = False,
          model_name: str | None = None, max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES,
          allowed_origins: list[str] = (), enable_docs: bool = False, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
-         log_level: str = "info", **engine_args) -> int:
+         log_level: str = "info", allowed_hosts: list[str] | None = None, ray_dashboard: bool = False,
+         **engine_args) -> int:
     """``minillm serve --replicas N``: ``app.main`` with N replicas behind the routes (same options)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api_key = auth.resolve_api_key(api_key, protect_metrics)  # a bad combination fails before anything starts
     app_options = dict(model_name=model_name, api_key=api_key, protect_metrics=protect_metrics,
-                       max_body_bytes=max_body_bytes, allowed_origins=allowed_origins, enable_docs=enable_docs)
+                       max_body_bytes=max_body_bytes, allowed_origins=allowed_origins, enable_docs=enable_docs,
+                       allowed_hosts=allowed_hosts)
     with Replicas(model, num_replicas, routing, threads, max_waiting, request_timeout, max_request_tokens,
-                  max_queued_tokens, app_options, **engine_args) as replicas:
+                  max_queued_tokens, app_options, ray_dashboard, **engine_args) as replicas:
         url = f"http://{host}:{port}"
         print(f"minillm serving {replicas.app.state.model_name} at {url}/v1 from {num_replicas} replicas on Ray "
               f"Serve ({threads} thread(s) each, {routing} routing). Ctrl-C stops it.", flush=True)

@@ -101,29 +101,40 @@ class ChatResponseBuilder(ResponseBuilder):
     object_name, chunk_object_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
     parse_tool_calls = False   # tools were offered: a reply that starts with "<" is a call
 
-    def tool_calls(self, c: Choice) -> list[dict] | None:
-        return tools.parse_calls(c.text) if self.parse_tool_calls and c.text.startswith("<") else None
-
     def start_chunks(self) -> list[dict]:
         """The first delta of every choice names the speaker."""
         return [self.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}]) for c in self.choices]
 
+    def calling(self, c: Choice) -> bool:
+        """The reply is a tool call: with tools offered, the constraint lets a reply start with "<"
+        only as a call (``tools.call_regex``)."""
+        return self.parse_tool_calls and c.text.startswith("<")
+
+    def finished_calls(self, c: Choice) -> tuple[list[dict], str]:
+        """The calls of a finished reply that is a call, and its finish reason: "tool_calls" for a
+        whole call, else the reason that cut it (``tools.parse_cut_call``)."""
+        if (calls := tools.parse_calls(c.text)) is not None:
+            return calls, "tool_calls"
+        return tools.parse_cut_call(c.text), c.finish_reason
+
     def chunk_choice(self, c: Choice, text: str, entries: list[TokenLogprobs]) -> dict:
-        if self.parse_tool_calls and c.text.startswith("<"):   # a call is held back and sent whole
+        if self.calling(c):   # a call is held back and sent whole
             if c.finish_reason is None:
                 return {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": None}
-            if (calls := self.tool_calls(c)) is not None:
-                return {"index": c.index, "delta": {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]},
-                        "logprobs": self.logprobs(c.logprobs), "finish_reason": "tool_calls"}
-            text = c.text   # cut short (max_tokens): not a call after all, send what was held
+            calls, finish_reason = self.finished_calls(c)
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {}
+            return {"index": c.index, "delta": delta, "logprobs": self.logprobs(c.logprobs),
+                    "finish_reason": finish_reason}
         return {"index": c.index, "delta": {"content": text} if text else {}, "logprobs": self.logprobs(entries),
                 "finish_reason": c.finish_reason}
 
     def response_choice(self, c: Choice) -> dict:
-        if (calls := self.tool_calls(c)) is not None:
-            return {"index": c.index, "message": {"role": "assistant", "content": None, "tool_calls": calls},
-                    "logprobs": self.logprobs(c.logprobs), "finish_reason": "tool_calls"}
+        if self.calling(c):
+            calls, finish_reason = self.finished_calls(c)
+            message = {"role": "assistant", "content": None, **({"tool_calls": calls} if calls else {})}
+            return {"index": c.index, "message": message, "logprobs": self.logprobs(c.logprobs),
+                    "finish_reason": finish_reason}
         return {"index": c.index, "message": {"role": "assistant", "content": c.text},
                 "logprobs": self.logprobs(c.logprobs), "finish_reason": c.finish_reason}
 

@@ -27,6 +27,8 @@ from minillm.generation.constrained.regex import escape
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(re.escape(OPEN) + r"(.*)" + re.escape(CLOSE), re.DOTALL)
+# the start of a call as call_regex writes it: the name whole, then whatever of the arguments came
+CUT_CALL = re.compile(re.escape(OPEN) + r'\{"name": "((?:[^"\\]|\\.)*)", "arguments": (.*)', re.DOTALL)
 
 
 def system_prompt(tools: list[dict]) -> str:
@@ -65,8 +67,27 @@ def parse_calls(text: str) -> list[dict] | None:
         return None
     if not (isinstance(call, dict) and isinstance(call.get("name"), str)):
         return None
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}}]
+    return [wire_call(call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False))]
+
+
+def parse_cut_call(text: str) -> list[dict]:
+    """A call that max_tokens or a stop string cut before its closing tag, as OpenAI and vLLM report
+    one: the call so far with its partial ``arguments`` text (not valid JSON), and the finish reason
+    that cut it ("length" or "stop", never "tool_calls"), so that a client sees the cut and does not
+    run it; never the raw ``<tool_call>{...`` as content. Cut before its name was whole: no call."""
+    match = CUT_CALL.match(text.strip())
+    if match is None:
+        return []
+    name, arguments = json.loads(f'"{match.group(1)}"'), match.group(2)
+    try:  # the arguments may be whole, only the closing brace or tag cut
+        arguments = json.dumps(json.JSONDecoder().raw_decode(arguments)[0], ensure_ascii=False)
+    except json.JSONDecodeError:
+        pass
+    return [wire_call(name, arguments)]
+
+
+def wire_call(name: str, arguments: str) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def template_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
