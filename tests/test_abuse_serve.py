@@ -276,9 +276,6 @@ def test_rays_dashboard_is_off_unless_asked_for(ray_cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="Ray 2.60 binds its GCS, raylet and worker gRPC servers to every interface "
-                                       "and turns _node_ip_address='127.0.0.1' into the node's address "
-                                       "(services.resolve_ip_for_localhost); see replicas.start_ray")
 def test_ray_listens_on_loopback_only(ray_cluster):
     from minillm.serve.request_guard import is_loopback
 

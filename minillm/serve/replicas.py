@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ from minillm.serve.loadgen import RequestResult, build_prompts, send_request, se
 from minillm.serve.metrics import ServerMetrics
 from minillm.serve.router import make_policy
 
+RAY_SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": one node, on loopback (start_ray)
 RAY_OBJECT_STORE_BYTES = 150 << 20  # the replicas pass small messages only: a small store starts fast
 log = logging.getLogger("minillm.serve")
 
@@ -241,20 +243,24 @@ class ReplicaSet:
 
 
 def start_ray(num_cpus: int, dashboard: bool = False) -> None:
-    """A local Ray cluster sized for this box: a small object store, quiet logs, no dashboard unless
-    asked for (then on 127.0.0.1 only: it can submit jobs, which is running code).
+    """A local Ray cluster sized for this box, listening on loopback only: a small object store,
+    quiet logs, no dashboard unless asked for (then on 127.0.0.1 too: it can submit jobs, which is
+    running code). What the API exposes is ``--host``'s business; Ray's ports are internal.
 
-    What Ray 2.60 cannot do: listen on loopback only. ``ray.init(_node_ip_address="127.0.0.1")``
-    is replaced by the node's own address (``services.resolve_ip_for_localhost``), and its GCS,
-    raylet and workers' gRPC servers bind every interface whatever the node address; only the
-    dashboard (``dashboard_host``) and part of the dashboard agent follow an address. What guards
-    them is the environment's: Ray's token authentication (``RAY_AUTH_MODE=token``) or a firewall
-    on Ray's ports (tests/test_abuse_serve.py lists what listens)."""
+    Ray 2.60 binds its GCS, raylet and workers' gRPC servers to the node's address, and turns
+    ``_node_ip_address="127.0.0.1"`` into the machine's routable address
+    (``services.resolve_ip_for_localhost``) - unless clusters are switched off, as Ray does on
+    macOS and Windows (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``): then the node's address is the
+    loopback one and every server listens there (tests/test_abuse_serve.py lists what listens).
+    The variable is read at import and by Ray's child processes, hence both settings below."""
+    os.environ[RAY_SINGLE_NODE_ENV] = "0"
     import ray
+    from ray._private import ray_constants
 
+    ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, object_store_memory=RAY_OBJECT_STORE_BYTES, include_dashboard=dashboard,
-                 dashboard_host="127.0.0.1", logging_level=logging.ERROR,
+                 _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1", logging_level=logging.ERROR,
                  log_to_driver=False)  # errors only: not its local-cluster notes
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per deployment step
 

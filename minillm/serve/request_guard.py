@@ -87,9 +87,12 @@ class RequestGuard:
 
 def is_loopback(address: str) -> bool:
     try:
-        return ipaddress.ip_address(address).is_loopback
+        ip = ipaddress.ip_address(address)
     except ValueError:  # a name, not an address
         return False
+    # an IPv4 address seen through a dual-stack socket (::ffff:127.0.0.1): Python 3.11 calls it not loopback
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 async def reply(send: Send, status: int, message: str, param: str | None = None) -> None:
