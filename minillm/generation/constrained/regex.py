@@ -255,7 +255,7 @@ class _Parser:
         if c == ".":
             return Chars(ANY_BUT_NEWLINE)
         if c == "\\":
-            return Chars(self.escape_in(in_class=False))
+            return Chars(normalize(self.escape_in(in_class=False)))
         if c in "*+?":
             self.pos -= 1
             self.fail(f"nothing to repeat before {c!r}")
@@ -315,4 +315,4 @@ class _Parser:
             self.fail(f"the escape \\{c} is not supported (backreferences, anchors and \\p{{...}} are not)")
         else:
             code = ord(c)   # an escaped metacharacter or punctuation stands for itself
-        return normalize(((code, code),))
+        return ((code, code),)   # not normalized yet: a surrogate may still bound a range
