@@ -24,7 +24,11 @@ request reaches the engine, in a thread of its own (one: a compile is CPU work, 
 only share the same cores), within the compile budget (a 400 naming the bound past it). On the
 engine thread a compile of a second stalled every stream. In the compile thread it shares the GIL
 with the engine thread, which Python hands over every few milliseconds, and the index's trie walk
-(most of a compile) runs without it: the engine keeps stepping.
+(most of a compile) runs without it. It still shares the cores: on two of them, a walk beside the
+engine's two kernel threads added seconds to a two-token request, so the compile thread runs at
+the lowest priority (nice 19) and gets the cores the engine leaves. The price: while the thread
+holds the GIL in a Python stage (parsing, subset construction: each bounded by the budget), a
+busy machine can keep it waiting for a core, and the engine thread waits for the GIL with it.
 
 Back-pressure: requests accepted but not yet running are counted; past ``max_waiting`` a new
 request gets a 503 at once, instead of a queue that grows without bound while every client waits
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import defaultdict, deque
@@ -73,6 +78,7 @@ from minillm.serve.metrics import ServerMetrics, StatsLogger
 log = logging.getLogger("minillm.serve")
 
 ACCEPTED = "accepted"  # the engine took the request: the first item on its queue
+COMPILE_NICE = 19      # the compile thread's nice value: the lowest priority
 
 
 class EngineFailure(Exception):
@@ -151,6 +157,13 @@ class Abort:
     request_id: str
 
 
+def lower_priority() -> None:
+    """The calling thread yields the cores to every other thread of normal priority (Linux: a
+    thread has its own nice value). The compile thread calls it: the engine's step wins."""
+    if hasattr(os, "setpriority"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int = 128,
                  log_interval: float = 10.0, request_timeout: float | None = None,
@@ -184,7 +197,8 @@ class AsyncEngine:
         self.stopping = False                   # guarded by wakeup
         self.streams: dict[str, RequestStream] = {}  # engine thread only
         self.thread = threading.Thread(target=self.run, name="minillm-engine", daemon=True)
-        self.compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-compile")
+        self.compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-compile",
+                                           initializer=lower_priority)
 
     # ---- the event loop's side -----------------------------------------------------------
 
