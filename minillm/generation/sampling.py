@@ -103,17 +103,21 @@ class SamplingParams:
                  "an integer >= 0 or None", self.logprobs)
         _require(isinstance(self.guided_json_object, bool), "guided_json_object", "True or False",
                  self.guided_json_object)
-        try:  # compile the constraint to its regex now: a bad one fails here, naming its field
+        try:  # compile the constraint to its regex now (within a compile budget): a bad one fails here
             self.guided_pattern = guided_pattern(self.guided_regex, self.guided_json, self.guided_choice,
                                                  self.guided_json_object)
         except ValueError as e:
-            field_name = next((n for n in ("guided_regex", "guided_json", "guided_choice") if getattr(self, n)
-                               is not None), "guided_json_object")
-            raise ValueError(f"{field_name} is not supported: {e}") from None
+            raise ValueError(f"{self.constraint_field} is not supported: {e}") from None
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def constraint_field(self) -> str:
+        """The field that holds the request's constraint: what an error about it names."""
+        return next((n for n in ("guided_regex", "guided_json", "guided_choice") if getattr(self, n) is not None),
+                    "guided_json_object")
 
 
 @dataclass
@@ -150,6 +154,8 @@ class TokenLogprobs:
 class SampleResult:
     token_ids: np.ndarray                   # (B,) int64, one chosen token per row
     logprobs: list[TokenLogprobs | None]    # per row; None where params.logprobs is None
+    errors: dict[int, str] = field(default_factory=dict)   # row -> why no token was allowed (its token is
+                                                           # meaningless): that sequence cannot go on
 
 
 # -----------------------------------------------------------------------------------------------
@@ -304,22 +310,43 @@ class Sampler:
             # The greedy fast path: argmax of the raw logits is the whole answer. It skips the
             # float64 copy of the (B, V) logits and the per-row pipeline: at B = 1 on SmolLM2
             # (V = 49152) the general path takes ~30 us, this one ~5 us.
-            chosen = np.argmax(raw, axis=-1)                                    # (B,) ties: lowest id
+            chosen, errors = np.argmax(raw, axis=-1), {}                        # (B,) ties: lowest id
             for row, state in enumerate(states):
                 if state.guide is not None:  # the argmax among the allowed (sorted: ties to the lowest id)
                     allowed = state.guide.allowed()                             # (K,)
-                    chosen[row] = allowed[np.argmax(raw[row, allowed])]
-            return SampleResult(chosen, [None] * len(states))
+                    if allowed.size:
+                        chosen[row] = allowed[np.argmax(raw[row, allowed])]
+                    else:
+                        errors[row] = self._why_stuck(state)
+            return SampleResult(chosen, [None] * len(states), errors)
         params = [s.params for s in states]
         x = self._adjusted(raw, states)                                         # (B, V)
+        # A row the constraint and min_tokens leave no token: its sequence alone ends (the engine
+        # finishes it with an error), instead of drawing a token that breaks the constraint.
+        errors = {row: self._why_stuck(state) for row, state in enumerate(states)
+                  if (state.guide is not None or len(state.output_ids) < state.params.min_tokens)
+                  and np.isneginf(x[row]).all()}
 
         # Every row's argmax (first max: lowest id) is the greedy rows' answer; the others are
         # drawn below. Cheaper than first copying the greedy rows out of a (B, V) array.
         chosen = np.argmax(x, axis=-1)                                          # (B,)
-        rows = np.flatnonzero([not p.greedy for p in params])
+        rows = np.array([i for i, p in enumerate(params) if not p.greedy and i not in errors], dtype=np.int64)
         if rows.size:
             chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
-        return SampleResult(chosen, self.logprobs(raw, chosen, params))
+        return SampleResult(chosen, self.logprobs(raw, chosen, params), errors)
+
+    @staticmethod
+    def _why_stuck(state: SamplingState) -> str:
+        """The message for a sequence that no token may continue."""
+        p, done = state.params, len(state.output_ids)
+        if state.guide is None:
+            return (f"min_tokens = {p.min_tokens}: the tokens it masks before {p.min_tokens} tokens (EOS and "
+                    f"stop_token_ids) leave no token to draw")
+        if not state.guide.allowed().size:
+            return f"{p.constraint_field}: the constraint allows no token after {done} tokens"
+        return (f"min_tokens = {p.min_tokens}: after {done} tokens the constraint allows only the end of the text, "
+                f"which min_tokens forbids before {p.min_tokens} tokens (a shorter min_tokens, or a constraint "
+                f"with longer texts, would do)")
 
     def probabilities(self, logits: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
         """The distribution ``sample`` draws each row's token from -> (B, V) float64.
