@@ -168,3 +168,56 @@ def test_the_hot_loop_uses_the_integer_instructions():
         assert any(line.startswith("vpmaddubsw") for line in loop)
         assert any(line.startswith("vpmaddwd") for line in loop)
     assert any(line.startswith("vfmadd") for line in loop)  # one FMA per block and row (pair)
+
+
+# -----------------------------------------------------------------------------------------------
+# Through the model: the T-row kernel changes no token
+
+def _greedy_batch_and_verify(model, prompts, steps: int, verify_len: int):
+    """Prefill each prompt in its own slot, decode all of them together (one row each) ``steps``
+    times greedily, then run a verify-shaped forward (``verify_len`` rows of sequence 0, logits for
+    every row) -> (the tokens (steps, B), the decode logits (steps, B, V), the verify logits)."""
+    from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
+
+    B = len(prompts)
+    cache = ContiguousKVCache(model.config, n_slots=B, max_len=64)
+    last = []
+    for slot, ids in enumerate(prompts):
+        meta = AttentionMetadata(query_lens=[len(ids)], context_lens=[0], seq_slots=[slot])
+        last.append(int(np.argmax(model.forward(np.asarray(ids), meta, cache)[0])))
+    lengths = [len(ids) for ids in prompts]
+    tokens, logits = [], []
+    for _ in range(steps):
+        meta = AttentionMetadata(query_lens=[1] * B, context_lens=lengths, seq_slots=list(range(B)))
+        out = model.forward(np.asarray(last), meta, cache)  # (B, V): B rows through every matvec
+        logits.append(out)
+        last = [int(i) for i in np.argmax(out, axis=1)]
+        tokens.append(last)
+        lengths = [n + 1 for n in lengths]
+    draft = [*tokens[-1][:1], *max(prompts, key=len)[:verify_len - 1]]  # k + 1 rows of one sequence, as a verify sends
+    meta = AttentionMetadata(query_lens=[verify_len], context_lens=[lengths[0]], seq_slots=[0],
+                             logits_indices=np.arange(verify_len))
+    return np.array(tokens), np.stack(logits), model.forward(np.asarray(draft), meta, cache)
+
+
+@pytest.mark.slow
+def test_int8_model_rows_in_one_call_give_the_one_row_tokens(smollm2_path, monkeypatch):
+    """Decode batches of 8 streams and a 5-row verify in int8 mode: the same logits, bit for bit,
+    and so the same greedy tokens, as when every row runs the one-row kernel alone."""
+    from minillm.model.loader import load_model
+
+    model = load_model(smollm2_path, activations="int8")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (3, 5, 7, 9, 11, 4, 6, 13)]
+    tokens, logits, verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=5)
+
+    rows_in_one_call = quant_int8.matvec_rows
+
+    def one_row_at_a_time(x, w, isa=None):
+        return np.concatenate([rows_in_one_call(x[t:t + 1], w, isa) for t in range(len(x))])  # (T, rows)
+
+    monkeypatch.setattr(quant_int8, "matvec_rows", one_row_at_a_time)
+    want_tokens, want_logits, want_verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=5)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(logits, want_logits)
+    np.testing.assert_array_equal(verify, want_verify)
