@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minillm.generation.constrained import Guide, guided_pattern
+from minillm.kernels.cpu import sampling as compiled
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
 
@@ -372,7 +373,7 @@ class Sampler:
         penalised = [i for i, p in enumerate(params)
                      if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1]
         if penalised:
-            x[penalised] = apply_penalties(
+            x[penalised] = compiled.apply_penalties(
                 x[penalised], [states[i].prompt_ids for i in penalised], [states[i].output_ids for i in penalised],
                 np.array([params[i].presence_penalty for i in penalised]),
                 np.array([params[i].frequency_penalty for i in penalised]),
@@ -392,26 +393,23 @@ class Sampler:
 
     @staticmethod
     def _sample_random(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
-        x = Sampler._filtered(x, states)                                       # (R, V)
+        """_filtered, then draw, compiled in one pass (kernels/cpu/sampling.py: the same tokens)."""
+        params = [s.params for s in states]
         uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
-        return draw(x, uniforms)
+        return compiled.sample_rows(x, *Sampler._filter_parameters(params), uniforms)
 
     @staticmethod
     def _filtered(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
-        """Temperature, then min_p, top_k and top_p, on rows that sample at random -> (R, V)."""
-        params = [s.params for s in states]
-        x = x / np.array([p.temperature for p in params])[:, None]             # (R, V)
-        # Each filter runs only on the rows that use it: top-k and top-p sort, and sorts cost.
-        min_p = np.array([p.min_p for p in params])                            # (R,)
-        if (use := min_p > 0).any():
-            x[use] = min_p_filter(x[use], min_p[use])
-        top_k = np.array([p.top_k for p in params])                            # (R,)
-        if (use := top_k > 0).any():
-            x[use] = top_k_filter(x[use], top_k[use])
-        top_p = np.array([p.top_p for p in params])                            # (R,)
-        if (use := top_p < 1).any():
-            x[use] = top_p_filter(x[use], top_p[use])
-        return x
+        """Temperature, then min_p, top_k and top_p, on rows that sample at random -> (R, V).
+        Compiled (kernels/cpu/sampling.py); min_p_filter, top_k_filter and top_p_filter above
+        are its specification."""
+        return compiled.filter_rows(x, *Sampler._filter_parameters([s.params for s in states]))
+
+    @staticmethod
+    def _filter_parameters(params: Sequence[SamplingParams]) -> tuple[np.ndarray, ...]:
+        """(temperature, min_p, top_k, top_p), each (R,)."""
+        return tuple(np.array([getattr(p, name) for p in params])
+                     for name in ("temperature", "min_p", "top_k", "top_p"))
 
     @staticmethod
     def logprobs(raw: np.ndarray, chosen: np.ndarray, params: Sequence[SamplingParams]) -> list:
