@@ -47,7 +47,7 @@ SEATS = {
     "ch02_tiled_matmul": Seat(KERNEL, path=BOTH, note="prefill's linear layers: x @ dequantize(W).T"),
     "ch02_decode_attention": Seat(KERNEL, path=SINGLE, note="ops.attention_decode (contiguous cache)"),
     "ch03_vector_add": Seat(CUDA, note="the residual adds of a tiny model's forward"),
-    "ch03_block_reduce": Seat(CUDA, note="the sum of each logits row of a tiny model's forward"),
+    "ch03_block_reduce": Seat(CUDA, note="attention's softmax denominators in a tiny model's forward"),
     "ch03_tiled_matmul": Seat(CUDA, note="the linear layers of a tiny model's forward"),
     "ch03_rmsnorm": Seat(CUDA, note="the RMSNorms of a tiny model's forward"),
     "ch04_q4_1_dequantize": Seat(KERNEL, path=BOTH, note="prefill's Q4_1 linear layers"),

@@ -32,7 +32,8 @@ from minillm.runtime.paged_cache import bytes_per_token
 
 ENGINE_PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 SPECULATE_PROMPT = "one two three four five one two three four five one two three four five one two"
-ENGINE_KV_BLOCKS = 4     # blocks of 16 tokens: two sequences' worth, for three sequences -> preemption
+ENGINE_BLOCK_SIZE = 4    # small blocks: a sequence needs new ones as it decodes, so the scheduler
+# preempts when the budget - one and a half sequences' worth, for three sequences - runs out
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=0)
 
 
@@ -49,11 +50,12 @@ class YourCodeResult:
     pieces: list[Piece]
     package_tokens: list[int]   # the greedy run's
     your_tokens: list[int]
-    runs: dict[str, tuple[list, list]] = field(default_factory=dict)  # run -> (package's, yours)
+    runs: dict[str, tuple[tuple, tuple]] = field(default_factory=dict)  # run -> (package's, yours), each
+    # (token ids of each request, what else the run reports)
 
     @property
     def equal(self) -> bool:
-        return all(package == yours for package, yours in self.runs.values())
+        return all(package[0] == yours[0] for package, yours in self.runs.values())
 
     @property
     def yours(self) -> list[str]:
@@ -79,8 +81,8 @@ def your_code(chapter: str = "ch02", prompt: str = "The capital of France is", m
     prediction = _prediction(path, chapter, reach, runs.pop("_decode_tokens_per_s"))
     pieces = [_piece(marker, reach) for marker in tasks_up_to(chapter)]
     _print_pieces(chapter, pieces)
-    greedy = runs["greedy"]
-    result = YourCodeResult(pieces, greedy[0][0], greedy[1][0], runs)
+    (package_greedy, _), (your_greedy, _) = runs["greedy"]
+    result = YourCodeResult(pieces, package_greedy[0], your_greedy[0], runs)
     _print_tokens(path, prompt, result)
     for line in prediction:
         print(line)
@@ -95,45 +97,54 @@ def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) 
     package_model = loader.load_model(path)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     sampled = SamplingParams(max_tokens=max_tokens, **SAMPLED)
-    runs, kv = {}, ENGINE_KV_BLOCKS * 16 * bytes_per_token(package_model.config)
+    runs, kv = {}, _preempting_budget(tokenizer, package_model, max_tokens)
     package = {"greedy": _single(package_model, tokenizer, prompt, greedy)}
     if chapter >= "ch04":
         package["sampled"] = _single(package_model, tokenizer, prompt, sampled, int8_kv=True)
     if chapter >= "ch07":
-        package["engine"] = _engine(path, package_model, ENGINE_PROMPTS, greedy, kv_cache_bytes=kv)
+        package["engine"] = _engine(path, package_model, ENGINE_PROMPTS, greedy, **kv)
     if chapter >= "ch10":
         package["speculate"] = _engine(path, package_model, [SPECULATE_PROMPT], greedy,
                                        speculative={"method": "ngram", "num_speculative_tokens": 4})
     decode_tokens_per_s = package["greedy"][1]
     with learner_seats(chapter, reach):
         model = _learner_model(path, chapter, reach)
-        reach.clear()  # the backend's probes called the kernels once each: only the runs count
         yours = {"greedy": _single(model, load_tokenizer(path), prompt, greedy)}
         if chapter >= "ch04":
             yours["sampled"] = _single(model, load_tokenizer(path), prompt, sampled, int8_kv=True)
         if chapter >= "ch07":
-            yours["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, kv_cache_bytes=kv)
+            yours["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, **kv)
         if chapter >= "ch10":
             yours["speculate"] = _engine(path, model, [SPECULATE_PROMPT], greedy,
                                          speculative={"method": "ngram", "num_speculative_tokens": 4})
     for name in package:
-        runs[name] = (package[name][0], yours[name][0])
+        runs[name] = (package[name], yours[name])
     if chapter >= "ch03":
         runs["cuda"] = cuda_seat.run(chapter, reach)
     runs["_decode_tokens_per_s"] = decode_tokens_per_s
     return runs
 
 
+def _preempting_budget(tokenizer, model: Model, max_tokens: int) -> dict:
+    """Engine arguments whose KV cache holds the longest of ENGINE_PROMPTS' sequences one and a half
+    times: all three start, then decoding runs out of blocks and the scheduler must preempt."""
+    longest = max(len(tokenizer.encode(p)) for p in ENGINE_PROMPTS) + max_tokens
+    blocks = -(-longest // ENGINE_BLOCK_SIZE) * 3 // 2
+    return {"block_size": ENGINE_BLOCK_SIZE, "kv_cache_bytes": blocks * ENGINE_BLOCK_SIZE * bytes_per_token(model.config)}
+
+
 def _learner_model(path: Path, chapter: str, reach: Reach) -> Model:
     """The model on the learner's backend; with chapter 05's rope convention written, its Q/K rows
     put in Hugging Face order by it (loader.unpermute_qk_rows, swapped) and rotated by halves."""
+    backend = learner_backend(reach)
+    reach.clear()  # the backend's probes called the kernels once each: only what the model runs counts
     config, weights = loader.read_weights(path)
     if chapter >= "ch05" and written("ch05_rope_convention") and config.rope_style == "pairs":
         layers = [dataclasses.replace(layer, wq=loader.unpermute_qk_rows(layer.wq, config.n_heads),
                                       wk=loader.unpermute_qk_rows(layer.wk, config.n_kv_heads))
                   for layer in weights.layers]
         config, weights = dataclasses.replace(config, rope_style="half"), dataclasses.replace(weights, layers=layers)
-    return Model(config, weights, learner_backend(reach))
+    return Model(config, weights, backend)
 
 
 def _single(model: Model, tokenizer, prompt: str, params: SamplingParams, int8_kv: bool = False):
@@ -259,14 +270,15 @@ def _print_tokens(path: Path, prompt: str, result: YourCodeResult) -> None:
         print(f"  {i:>3}  {cell(theirs):<22}{cell(mine):<22}{'' if theirs == mine else '<- differs'}")
     for name, (theirs, mine) in result.runs.items():
         if name != "greedy":
-            print(f"{name}: {'the same' if theirs == mine else 'NOT the same'} as the package's "
+            print(f"{name}: {'the same' if theirs[0] == mine[0] else 'NOT the same'} as the package's "
                   f"({_describe(name, theirs)})")
     print("the same tokens in every run" if result.equal else "the runs differ: check() the pieces marked yours")
 
 
-def _describe(name: str, outcome) -> str:
-    if name == "engine":
-        return f"{len(outcome[0])} requests, {outcome[1]} preemptions"
+def _describe(name: str, outcome: tuple) -> str:
+    tokens, extra = outcome
+    if name in ("engine", "speculate"):
+        return f"{len(tokens)} requests, {sum(map(len, tokens))} tokens, {extra} preemptions"
     if name == "cuda":
-        return "a tiny model's logits under " + outcome[1]
-    return f"{sum(len(t) for t in outcome[0])} tokens"
+        return f"a tiny model's argmax tokens on {extra}"
+    return f"{sum(map(len, tokens))} tokens"
