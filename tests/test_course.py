@@ -688,6 +688,100 @@ def test_each_task_is_posed_before_its_solution_is_shown(notebook_path):
     assert not problems, f"{notebook_path.name}:\n" + "\n".join(problems)
 
 
+def printed_lines(cell: dict) -> list[str]:
+    """The lines a code cell printed: its streams and plain-text results (figures are not lines)."""
+    lines = []
+    for output in cell.get("outputs", []):
+        text = output.get("text") if output.get("output_type") == "stream" else output.get("data", {}).get("text/plain")
+        if text:
+            lines += ("".join(text) if isinstance(text, list) else text).splitlines()
+    return lines
+
+
+def shows_package_source(source: str) -> bool:
+    return any(isinstance(node, ast.Call) and _called_name(node) in ("show", "show_solution", "getsource")
+               for node in ast.walk(parsed(source)))
+
+
+def source_share(notebook: dict) -> tuple[int, int]:
+    """(lines of package source the chapter prints, lines it prints)."""
+    cells = code_cells(notebook)
+    return (sum(len(printed_lines(c)) for c in cells if shows_package_source(cell_source(c))),
+            sum(len(printed_lines(c)) for c in cells))
+
+
+def solutions_outside_their_section(notebook: dict) -> list[int]:
+    """Code cells (numbered from 1) that print a task's solution before the '## Solutions' heading."""
+    problems, in_solutions, number = [], False, 0
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            in_solutions = in_solutions or cell_source(cell).lstrip().startswith("## Solutions")
+            continue
+        number += 1
+        if not in_solutions and any(isinstance(n, ast.Call) and _called_name(n) == "show_solution"
+                                    for n in ast.walk(parsed(cell_source(cell)))):
+            problems.append(number)
+    return problems
+
+
+RESULTS_FILE = re.compile(r"benchmarks/results/(\w+)\.json")
+COMMITTED_CALL = re.compile(r"committed_(?:result\(\s*[\"'](\w+)[\"']|(decode)\()")
+
+
+def results_read(text: str) -> set[str]:
+    """Names of the benchmarks whose results files a text (a chapter's code, the README) reads."""
+    from minillm.course import committed
+    names = set()
+    for stem in RESULTS_FILE.findall(text):
+        path = committed.RESULTS / f"{stem}.json"
+        names.add(json.loads(path.read_text())["benchmark"] if path.is_file() else stem)
+    names |= {a or b for a, b in COMMITTED_CALL.findall(text)}
+    return names
+
+
+def unstamped_results(names: set[str]) -> list[str]:
+    from minillm.course import committed
+    return sorted(f for name in names for f, result in committed.results_files(name).items()
+                  if not committed.stamped(result))
+
+
+def test_source_share_and_solution_section_on_a_synthetic_notebook():
+    notebook = synthetic_notebook('course.check("ch02_rmsnorm")', 'course.show_solution("ch02_rmsnorm")')
+    notebook["cells"][1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "a\nb\nc\n"}]
+    notebook["cells"][2]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["d\n"]}]
+    assert source_share(notebook) == (1, 4)
+    assert solutions_outside_their_section(notebook) == [2]
+    notebook["cells"].insert(2, {"cell_type": "markdown", "source": "## Solutions\n"})
+    assert solutions_outside_their_section(notebook) == []
+    assert results_read('x = Path("../benchmarks/results/decode_zen5.json")\ncourse.committed_result("quant_quality")') \
+        == {"decode", "quant_quality"}
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_package_source_is_at_most_a_fifth_of_what_a_chapter_prints(notebook_path):
+    shown, printed = source_share(json.loads(notebook_path.read_text()))
+    assert shown <= 0.2 * printed, f"{notebook_path.name}: {shown} of {printed} printed lines are package source"
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_solutions_live_in_a_final_solutions_section(notebook_path):
+    cells = solutions_outside_their_section(json.loads(notebook_path.read_text()))
+    assert not cells, f"{notebook_path.name}: code cells {cells} print solutions before '## Solutions'"
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_results_file_a_chapter_reads_names_its_machine_and_fingerprint(notebook_path):
+    notebook = json.loads(notebook_path.read_text())
+    unstamped = unstamped_results(results_read("\n".join(cell_source(c) for c in code_cells(notebook))))
+    assert not unstamped, (f"{notebook_path.name} reads {unstamped}, which lack the machine or fingerprint stamp: "
+                           "rerun them (benchmarks/run_all_fair.sh) or stop reading them")
+
+
+def test_every_results_file_the_readme_reads_names_its_machine_and_fingerprint():
+    unstamped = unstamped_results(results_read((REPO / "README.md").read_text()))
+    assert not unstamped, f"README.md reads {unstamped}, which lack the machine or fingerprint stamp"
+
+
 def test_every_chapter_with_tasks_has_a_notebook():
     notebooks = {p.name[:2] for p in CHAPTERS}
     chapters = {marker[2:4] for marker in all_tasks() if TASK_MARKER.match(marker)}
