@@ -75,7 +75,7 @@ def top_p_filter(logits: np.ndarray, top_p: float | np.ndarray) -> np.ndarray:
     which crosses 0.7): mass before them 0 and 0.5, before token 3 it is 0.75.
     Hint: np.argsort(-logits, axis=-1), np.cumsum, and np.put_along_axis to scatter back.
     """
-    raise NotImplementedError("chapter 6, task 2")
+    raise NotImplementedError("chapter 6, task 4")
 
 
 class StreamDetokenizer:
@@ -101,13 +101,13 @@ class StreamDetokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
-        raise NotImplementedError("chapter 6, task 3")
+        raise NotImplementedError("chapter 6, task 2")
 
     def push(self, token_id: int) -> str:
-        raise NotImplementedError("chapter 6, task 3")
+        raise NotImplementedError("chapter 6, task 2")
 
     def flush(self) -> str:
-        raise NotImplementedError("chapter 6, task 3")
+        raise NotImplementedError("chapter 6, task 2")
 
 
 def decode_step(model: Model, cache: KVCache, token_id: int, position: int, slot: int = 0) -> np.ndarray:
@@ -127,4 +127,4 @@ def decode_step(model: Model, cache: KVCache, token_id: int, position: int, slot
 
     Test: .venv/bin/python -m pytest -m ch06_decode_step --impl=exercises   (against transformers)
     """
-    raise NotImplementedError("chapter 6, task 4")
+    raise NotImplementedError("chapter 6, task 3")
