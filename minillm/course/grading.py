@@ -158,7 +158,7 @@ EXCERPT_LINES = 25  # what a chapter prints of a piece of the package: its core,
 def show(*objects, focus: str | None = None, lines: int = EXCERPT_LINES) -> None:
     """Print an excerpt of the package's source of each object (a function, a Numba kernel, a
     method; a class as its outline) under its dotted name and file:line: at most ``lines`` lines of
-    code, the docstring left out, starting at the first line containing ``focus`` if given. The
+    code, the docstring and blank lines left out, starting at the first line containing ``focus`` if given. The
     chapters display the code they teach, never a copy of it; the file:line says where to read on."""
     for obj in objects:
         source = getattr(obj, "py_func", obj)  # a Numba dispatcher keeps the Python it compiled
@@ -194,7 +194,8 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
                 outline.append(f"{source[item.lineno - 1].rstrip()}  ...  # {where}:{first + item.lineno - 1}")
         return span, outline
     docstring = _docstring_lines(node)
-    body = [(first + i, source[i].rstrip()) for i in range(header_end, len(source)) if i + 1 not in docstring]
+    body = [(first + i, source[i].rstrip()) for i in range(header_end, len(source))
+            if i + 1 not in docstring and source[i].strip()]  # blank lines left out: an excerpt ends at one
     if focus is not None:
         start = next((i for i, (_, text) in enumerate(body) if focus in text), None)
         if start is None:
@@ -222,4 +223,4 @@ def _print_excerpt(heading: str, obj, focus: str | None, lines: int) -> None:
     span, shown = excerpt(obj, focus, lines)
     heading = f"{heading}  ({span})"
     print(f"{heading}\n{'-' * len(heading)}")
-    print("\n".join(shown))
+    print("\n".join(shown) + "\n")  # the blank line ends the excerpt (tests/test_course.py counts them)
