@@ -200,12 +200,12 @@ def test_show_cuts_a_long_function_at_25_lines_and_says_where_the_rest_is(capsys
     course.show(quant._qmatvec_q4_1, lines=6)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("minillm.kernels.cpu.quant._qmatvec_q4_1  (minillm/kernels/cpu/quant.py:")
-    body, end = out[2:-1], out[-1]
+    body, end = out[1:-1], out[-1]
     assert end == ""  # the blank line that ends an excerpt
     assert body[:2] == ["@njit(cache=True, parallel=True, fastmath=True)", "def _qmatvec_q4_1(data, x, out):"]
     assert len(body) == 7 and re.fullmatch(r"    \.\.\. \d+ more lines: minillm/kernels/cpu/quant\.py:\d+-\d+", body[-1])
     course.show(quant._qmatvec_q4_1, focus="for j in range(16)", lines=5)
-    out = capsys.readouterr().out.splitlines()[2:]
+    out = capsys.readouterr().out.splitlines()[1:]
     assert out[2] == "    ..." and "for j in range(16)" in out[3]
     with pytest.raises(ValueError, match="no line of _qmatvec_q4_1 contains 'nowhere'"):
         course.show(quant._qmatvec_q4_1, focus="nowhere")
@@ -226,7 +226,7 @@ def test_every_excerpt_of_the_package_is_at_most_25_lines_and_a_line_to_say_wher
     from minillm.runtime.scheduler import Scheduler
     for obj in (cpu_matmul._tile_4x4, Roofline.plot, Scheduler):
         course.show(obj)
-        assert len(capsys.readouterr().out.splitlines()) <= 2 + grading.EXCERPT_LINES + 2  # + where the rest is, + blank
+        assert len(capsys.readouterr().out.splitlines()) <= 1 + grading.EXCERPT_LINES + 2  # heading, + where the rest is, + blank
 
 
 def test_time_exercise_on_a_blank_stub_records_nothing(home, capsys):
@@ -704,7 +704,7 @@ EXCERPT_HEADING = re.compile(r".*  \(\S+\.py:\d+-\d+\)$")  # course.show's headi
 
 def source_share(notebook: dict) -> tuple[int, int]:
     """(lines of package source the chapter prints, lines it prints): an excerpt is course.show's
-    heading, its rule and the lines up to the blank line that ends it; inspect.getsource's output
+    heading and the lines up to the blank line that ends it; inspect.getsource's output
     is not allowed at all (test_each_task_is_posed_before_its_solution_is_shown reads the cells)."""
     shown = printed = 0
     for cell in code_cells(notebook):
@@ -712,8 +712,8 @@ def source_share(notebook: dict) -> tuple[int, int]:
         printed += len(lines)
         i = 0
         while i < len(lines):
-            if EXCERPT_HEADING.fullmatch(lines[i]) and i + 1 < len(lines) and set(lines[i + 1]) == {"-"}:
-                end = next((j for j in range(i + 2, len(lines)) if not lines[j].strip()), len(lines))
+            if EXCERPT_HEADING.fullmatch(lines[i]):
+                end = next((j for j in range(i + 1, len(lines)) if not lines[j].strip()), len(lines))
                 shown += end - i
                 i = end
             else:
@@ -761,8 +761,8 @@ def test_source_share_and_solution_section_on_a_synthetic_notebook():
     notebook["cells"][1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "a\nb\nc\n"}]
     notebook["cells"][2]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": [
         "Solution - ch02_rmsnorm: minillm.kernels.cpu.rms_norm  (minillm/kernels/cpu/__init__.py:88-95)\n",
-        "------\n", "def rms_norm(x, weight, eps):\n", "    return x\n", "\n", "1\n"]}]
-    assert source_share(notebook) == (4, 9)
+        "def rms_norm(x, weight, eps):\n", "    return x\n", "\n", "1\n"]}]
+    assert source_share(notebook) == (3, 8)
     assert solutions_outside_their_section(notebook) == [2]
     notebook["cells"].insert(2, {"cell_type": "markdown", "source": "## Solutions\n"})
     assert solutions_outside_their_section(notebook) == []

@@ -221,6 +221,5 @@ def _docstring_lines(node: ast.AST) -> set[int]:
 
 def _print_excerpt(heading: str, obj, focus: str | None, lines: int) -> None:
     span, shown = excerpt(obj, focus, lines)
-    heading = f"{heading}  ({span})"
-    print(f"{heading}\n{'-' * len(heading)}")
+    print(f"{heading}  ({span})")
     print("\n".join(shown) + "\n")  # the blank line ends the excerpt (tests/test_course.py counts them)
