@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minillm import fingerprint as minillm_fingerprint
 from minillm.hardware.machine import compile_target, describe_machine, package_versions
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -113,9 +114,12 @@ def numba_target() -> dict:
 
 
 def save_result(name: str, results: dict, out_dir: Path = RESULTS) -> Path:
-    """Write ``<out_dir>/<name>.json`` stamped with the date, the host (CPU, vector features) and versions."""
+    """Write ``<out_dir>/<name>.json`` stamped with the date, the host (CPU, microarchitecture, vector
+    features, the ISA Numba targeted, cores), the package fingerprint measured and the versions: a
+    chapter prints a committed figure only with this stamp (minillm/course/committed.py)."""
     payload = {"benchmark": name, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-               "machine": host_stamp(), "versions": package_versions(), "results": results}
+               "machine": host_stamp(), "fingerprint": minillm_fingerprint(), "versions": package_versions(),
+               "results": results}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")

@@ -5,18 +5,28 @@
 #
 #   benchmarks/run_all_fair.sh                # results into benchmarks/results/
 #   benchmarks/run_all_fair.sh /tmp/results   # anywhere else
-#   benchmarks/run_all_fair.sh /tmp/r decode  # only some: decode profile quant_quality quant_matvec kernels_cpu throughput
+#   benchmarks/run_all_fair.sh /tmp/r decode  # only some (names below)
+#
+# Every file in benchmarks/results/ comes from one of these (chat_page.png from tests/test_chat_page.py),
+# stamped with the machine (CPU, microarchitecture, Numba's ISA, cores) and the package fingerprint
+# (benchmarks/common.py save_result). A run on another microarchitecture than the committed files'
+# goes into a folder of its own and is committed as <name>_<machine>.json (decode_zen5.json,
+# decode_xeon.json): the chapters pick the file of the learner's microarchitecture.
 #
 # Wall time on the 2-core Xeon, quiet (estimates): decode, both code paths, ~8 min; decode --profile,
 # both code paths, ~2 min; quant_quality ~1 min; quant_matvec ~4 min; kernels_cpu ~8 min; throughput ~40 min (transformers'
-# padded batch of 64 requests takes ~8 min a repeat, 3 repeats). The llama.cpp peers must be built
+# padded batch of 64 requests takes ~8 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
+# speculative ~10 min; structured ~10 min; scale_out ~10 min; soak 10 min; abuse ~5 min. The llama.cpp peers must be built
 # first (~9 minutes each): `make bench-peers` and `benchmarks/build_peers.sh avx2`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results}
 shift || true
-WHICH=${*:-decode profile quant_quality quant_matvec kernels_cpu throughput}
+WHICH=${*:-decode profile quant_quality quant_matvec kernels_cpu throughput prefix_cache serving speculative structured scale_out soak abuse}
 PY=".venv/bin/python -u"  # unbuffered: progress shows as it happens
+
+# prefix_cache, serving and speculative write into benchmarks/results/ only: move their file to OUT
+into_out() { [ "$OUT" -ef benchmarks/results ] || { mkdir -p "$OUT" && mv "benchmarks/results/$1.json" "$OUT/"; }; }
 
 .venv/bin/python -c "import llama_cpp" 2>/dev/null || { echo "llama.cpp is not installed: make bench-peers" >&2; exit 1; }
 [ -d .venv-peers-avx2 ] || { echo "no AVX2 build of llama.cpp: benchmarks/build_peers.sh avx2" >&2; exit 1; }
@@ -30,6 +40,13 @@ for bench in $WHICH; do
         quant_matvec) $PY benchmarks/quant_matvec.py --out "$OUT" ;;
         kernels_cpu) $PY benchmarks/kernels_cpu.py --out "$OUT" ;;
         throughput) $PY benchmarks/throughput.py --out "$OUT" ;;
+        prefix_cache) $PY benchmarks/prefix_cache.py && into_out prefix_cache ;;
+        serving) $PY benchmarks/serving.py && into_out serving ;;
+        speculative) $PY benchmarks/speculative.py && into_out speculative ;;
+        structured) $PY benchmarks/structured.py --out "$OUT" ;;
+        scale_out) $PY benchmarks/scale_out.py --out "$OUT" ;;
+        soak) $PY benchmarks/soak.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
+        abuse) $PY benchmarks/abuse.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
         *) echo "unknown benchmark $bench" >&2; exit 2 ;;
     esac
 done

@@ -38,7 +38,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     every step. Rows are independent: with Numba, ``prange`` over rows uses every core.
     Accumulate in float32 and pass eps as np.float32, or Numba silently computes in float64.
     """
-    raise NotImplementedError("chapter 2, task 1")
+    raise NotImplementedError("chapter 2, task 2")
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     when an element (or a chunk) raises the max to m', rescale s by exp(m - m') first. A second
     pass writes exp(x - m) / s.
     """
-    raise NotImplementedError("chapter 2, task 2")
+    raise NotImplementedError("chapter 2, task 3")
 
 
 def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
@@ -63,7 +63,7 @@ def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray,
     style "pairs": the pair is (x[..., 2i], x[..., 2i + 1]) (GGUF llama files).
     Rotating in place (writing into x and returning it) saves an allocation; either is accepted.
     """
-    raise NotImplementedError("chapter 2, task 3")
+    raise NotImplementedError("chapter 2, task 4")
 
 
 def matmul_v3_blocked(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -75,7 +75,7 @@ def matmul_v3_blocked(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Handle sizes that are not multiples of your tile (1, odd, prime). With Numba, compare your
     GFLOP/s against the chapter's ladder.
     """
-    raise NotImplementedError("chapter 2, task 4")
+    raise NotImplementedError("chapter 2, task 1")
 
 
 def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, scale: float | None = None) -> np.ndarray:

@@ -42,19 +42,19 @@ TASKS = {
 
 
 def dequantize_q4_1(data: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Task 1: Q4_1 bytes (rows, cols // 32 * 20) uint8 -> weights (rows, cols) float32.
+    """Task 1: Q4_1 bytes -> the float32 weights they encode.
 
-    Write it in NumPy, whole blocks at a time (no Python loop over blocks):
+    Inputs: ``data`` uint8 (rows, cols // 32 * 20), a matrix in the Q4_1 layout of the module
+    docstring (each row cut into blocks of 32 weights, 20 bytes a block); ``rows``, ``cols``
+    its shape, with cols a multiple of 32.
+    Output: float32 (rows, cols); weight j of a block is q_j * d + m, computed in float32, with
+    d and m the block's float16 scale and minimum and q_j its 4-bit code.
+    Invariants: element for element equal to the ``gguf`` package's dequantization (the test's
+    oracle), for any rows >= 1 and any multiple of 32 for cols; ``data`` is not modified.
+    Edge cases: a block with d = 0 decodes to m everywhere; rows = 1.
+    Whole arrays at a time: a Python loop over SmolLM2's 1.4 million blocks would take minutes.
 
-    1. Reshape the bytes to (n_blocks, 20), n_blocks = rows * cols // 32.
-    2. Scales: bytes [:, 0:2] reinterpreted as float16 (``np.ascontiguousarray(...).view(np.float16)``)
-       then ``.astype(np.float32)`` -> (n_blocks, 1); the minimum likewise from bytes [:, 2:4].
-    3. Codes: the 16 bytes [:, 4:20]; low nibbles ``& 0x0F`` are weights 0..15, high nibbles
-       ``>> 4`` are weights 16..31 -> concatenate to (n_blocks, 32).
-    4. q * d + m, in float32, reshaped to (rows, cols).
-
-    Example: a block with d = 0.5, m = -1.0 and first byte 0x52 has weight 0 = 2 * 0.5 - 1 = 0.0
-    and weight 16 = 5 * 0.5 - 1 = 1.5.
+    Test: .venv/bin/python -m pytest -m ch04_q4_1_dequantize --impl=exercises
     """
     raise NotImplementedError("chapter 4, task 1")
 

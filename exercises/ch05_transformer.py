@@ -50,27 +50,29 @@ def unpermute_qk_rows(w: np.ndarray | QMatrix, n_heads: int) -> np.ndarray | QMa
 
 def decoder_layer(x: np.ndarray, weights: LayerWeights, layer: int, cache: KVCache, meta: AttentionMetadata,
                   ctx: LayerContext) -> np.ndarray:
-    """One pre-norm decoder layer on the hidden states x (N, D) of a flat batch -> (N, D).
+    """One pre-norm decoder layer (Llama; Qwen3 with QK-norm) on a flat batch: x (N, D) -> (N, D).
 
-    x holds N new tokens of meta.num_seqs sequences packed back to back; meta.positions (N,) are
-    their positions. ``ctx`` holds what every layer of the model shares: ctx.config, ctx.ops (a
-    kernel backend: ops.linear, ops.rms_norm, ops.rope, ops.swiglu, ..., plus ops.qlinear for a
-    QMatrix weight) and ctx.cos, ctx.sin (the RoPE tables of ops.rope_table).
-    With H = config.n_heads, Hkv = config.n_kv_heads, Dh = config.head_dim, eps = config.rms_eps:
+    Inputs:
+      x        (N, D) float32 hidden states of N new tokens of meta.num_seqs sequences, packed
+               back to back; meta.positions (N,) are their positions in their sequences
+      weights  this layer's LayerWeights (minillm/model/layers.py: the norms, wq wk wv wo,
+               w_gate w_up w_down - an ndarray or a packed QMatrix each - and q_norm/k_norm or None)
+      layer    its index: the cache keeps K/V per layer
+      cache    a KVCache: ``cache.write(layer, k, v, meta)`` stores this batch's keys and values,
+               ``cache.attend(layer, q, meta, ops)`` -> (N, H, Dh) causal grouped-query attention of
+               each sequence's queries over everything it has cached (this batch's keys included)
+      ctx      what every layer shares: ctx.config (H, Hkv, Dh, rms_eps, rope_style, ...),
+               ctx.ops (a kernel backend: rms_norm, rope, swiglu, linear for an ndarray weight,
+               qlinear for a QMatrix) and the RoPE tables ctx.cos, ctx.sin
+    Output: (N, D) float32, the layer's output - what Hugging Face's LlamaDecoderLayer (Qwen3's)
+    computes for the same tokens: the attention block and the SwiGLU MLP, each on the RMS-normed
+    input and added back to it.
+    Invariants: x is not modified in place (the caller may still need it); the keys written are
+    rotated by RoPE at their positions, the values are not; q and k of Qwen3 are RMS-normed per
+    head before RoPE.
+    Edge cases: N = 1 (a decode step); several sequences in one batch; a QMatrix or an ndarray
+    for any weight.
 
-    attention half
-      1. h = rms_norm(x, weights.attn_norm)                                      (N, D)
-      2. q, k, v = h @ wq.T, h @ wk.T, h @ wv.T, reshaped to (N, H, Dh), (N, Hkv, Dh), (N, Hkv, Dh)
-         (a weight may be a QMatrix: use ops.qlinear for it, ops.linear for an ndarray)
-      3. Qwen3 only (weights.q_norm is not None): RMSNorm over each head's Dh values of q and k,
-         with weights.q_norm / weights.k_norm - reshape to (N * heads, Dh) for ops.rms_norm
-      4. rotate q and k: ops.rope(..., meta.positions, ctx.cos, ctx.sin, config.rope_style)
-      5. cache.write(layer, k, v, meta), then out = cache.attend(layer, q, meta, ops)  (N, H, Dh)
-         - the cache does the causal, grouped-query attention over each sequence's past
-      6. x = x + out.reshape(N, H * Dh) @ wo.T                                   (N, D)
-    MLP half
-      7. h = rms_norm(x, weights.mlp_norm)
-      8. x = x + (silu(h @ w_gate.T) * (h @ w_up.T)) @ w_down.T     (ops.swiglu does silu(g) * u)
-    Return x. Do not modify the input x in place (the caller may still need it).
+    Test: .venv/bin/python -m pytest -m ch05_decoder_layer --impl=exercises   (against transformers)
     """
     raise NotImplementedError("chapter 5, task 2")

@@ -75,7 +75,7 @@ def top_p_filter(logits: np.ndarray, top_p: float | np.ndarray) -> np.ndarray:
     which crosses 0.7): mass before them 0 and 0.5, before token 3 it is 0.75.
     Hint: np.argsort(-logits, axis=-1), np.cumsum, and np.put_along_axis to scatter back.
     """
-    raise NotImplementedError("chapter 6, task 2")
+    raise NotImplementedError("chapter 6, task 4")
 
 
 class StreamDetokenizer:
@@ -101,34 +101,30 @@ class StreamDetokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
-        raise NotImplementedError("chapter 6, task 3")
+        raise NotImplementedError("chapter 6, task 2")
 
     def push(self, token_id: int) -> str:
-        raise NotImplementedError("chapter 6, task 3")
+        raise NotImplementedError("chapter 6, task 2")
 
     def flush(self) -> str:
-        raise NotImplementedError("chapter 6, task 3")
+        raise NotImplementedError("chapter 6, task 2")
 
 
 def decode_step(model: Model, cache: KVCache, token_id: int, position: int, slot: int = 0) -> np.ndarray:
-    """One token at `position` through the model, attending to everything cached -> logits (V,).
+    """One decode step of one sequence: the logits of the token after ``token_id`` -> (V,) float32.
 
-    The prompt is already in the cache: `position` tokens of this sequence sit in cache slot
-    `slot`, and `token_id` (the token sampled last) is the next one. A decode step runs only this
-    token; its keys and values join the cache inside the forward, and its query attends to all
-    position + 1 keys.
+    Inputs: ``model`` (minillm/model/transformer.py; its forward takes a flat batch - token ids
+    (N,), an AttentionMetadata (minillm/model/kv_cache.py) and a cache - and returns the logits
+    of the rows meta.logits_indices, (L, V)); ``cache``, whose slot ``slot`` holds the K/V of
+    this sequence's first ``position`` tokens; ``token_id``, the token sampled last, which sits
+    at ``position``.
+    Output: (V,) float32, the next-token logits - equal to those of a full forward over all
+    position + 1 tokens.
+    Invariants: one forward of one new token (not the whole sequence again); afterwards the
+    cache holds this token's K/V too, position + 1 tokens in all; other slots are untouched.
+    Edge cases: position = 0 (nothing cached: the token attends to itself only); the last
+    position the cache has room for.
 
-    The model's forward takes a *flat batch* (minillm/model/kv_cache.py explains it):
-        model.forward(token_ids (N,), meta: AttentionMetadata, cache) -> (L, V)
-    Here the batch is one sequence with one new token:
-      1. meta = AttentionMetadata(query_lens=[1], context_lens=[position], seq_slots=[slot])
-         (from minillm.model.kv_cache): 1 new token, `position` tokens already cached - so the
-         metadata derives its position, meta.positions = [position], by which RoPE rotates the new
-         query and key;
-      2. token_ids = np.array([token_id]);
-      3. call model.forward and return its only row of logits, shape (V,).
-
-    Generation.step calls this for every token after the first; the test compares its logits
-    with transformers' for the same prompt and token.
+    Test: .venv/bin/python -m pytest -m ch06_decode_step --impl=exercises   (against transformers)
     """
-    raise NotImplementedError("chapter 6, task 4")
+    raise NotImplementedError("chapter 6, task 3")

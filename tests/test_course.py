@@ -182,22 +182,51 @@ def test_outcomes_are_read_from_junit_xml(tmp_path):
                    ("c", "FAIL", "assert 1.0 == 2.0"), ("d", "NOT YET", "boom"), ("e", "SKIPPED", "no GPU")]
 
 
-def test_show_solution_prints_the_package_source_under_a_heading(capsys):
+def test_show_solution_prints_an_excerpt_under_a_heading_with_file_and_lines(capsys):
     course.show_solution("ch02_rmsnorm")
     out = capsys.readouterr().out
     from minillm.kernels import cpu
-    assert out.startswith("Solution - ch02_rmsnorm: minillm.kernels.cpu.rms_norm\n")
-    assert inspect.getsource(cpu.rms_norm) in out
+    lines, first = inspect.getsourcelines(cpu.rms_norm)
+    heading = (f"Solution - ch02_rmsnorm: minillm.kernels.cpu.rms_norm  "
+               f"(minillm/kernels/cpu/__init__.py:{first}-{first + len(lines) - 1})\n")
+    assert out.startswith(heading)
+    assert "def rms_norm(" in out and "shapes.check_rms_norm(x, weight)" in out
+    assert '"""' not in out  # the docstring stays in the file
 
 
-def test_show_prints_package_source_numba_kernels_and_methods_included(capsys):
+def test_show_cuts_a_long_function_at_25_lines_and_says_where_the_rest_is(capsys):
+    from minillm.kernels.cpu import quant
+    source, first = inspect.getsourcelines(quant.qlinear)
+    course.show(quant._qmatvec_q4_1, lines=6)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("minillm.kernels.cpu.quant._qmatvec_q4_1  (minillm/kernels/cpu/quant.py:")
+    body, end = out[1:-1], out[-1]
+    assert end == ""  # the blank line that ends an excerpt
+    assert body[:2] == ["@njit(cache=True, parallel=True, fastmath=True)", "def _qmatvec_q4_1(data, x, out):"]
+    assert len(body) == 7 and re.fullmatch(r"    \.\.\. \d+ more lines: minillm/kernels/cpu/quant\.py:\d+-\d+", body[-1])
+    course.show(quant._qmatvec_q4_1, focus="for j in range(16)", lines=5)
+    out = capsys.readouterr().out.splitlines()[1:]
+    assert out[2] == "    ..." and "for j in range(16)" in out[3]
+    with pytest.raises(ValueError, match="no line of _qmatvec_q4_1 contains 'nowhere'"):
+        course.show(quant._qmatvec_q4_1, focus="nowhere")
+
+
+def test_show_prints_a_class_as_its_outline_never_whole(capsys):
+    from minillm.hardware.roofline import Roofline
+    course.show(Roofline)
+    out = capsys.readouterr().out
+    assert "class Roofline:" in out and "def ridge_point(self, level: str | None = None) -> float:  ..." in out
+    assert "minillm/hardware/roofline.py:" in out
+    assert len(out.splitlines()) < len(inspect.getsource(Roofline).splitlines()) / 3
+
+
+def test_every_excerpt_of_the_package_is_at_most_25_lines_and_a_line_to_say_where_the_rest_is(capsys):
     from minillm.hardware.roofline import Roofline
     from minillm.kernels.cpu import matmul_ladder as cpu_matmul
-    course.show(cpu_matmul._tile_4x4, Roofline.plot)
-    out = capsys.readouterr().out
-    assert out.startswith("minillm.kernels.cpu.matmul_ladder._tile_4x4\n")
-    assert inspect.getsource(cpu_matmul._tile_4x4.py_func) in out
-    assert "minillm.hardware.roofline.Roofline.plot\n" in out and inspect.getsource(Roofline.plot) in out
+    from minillm.runtime.scheduler import Scheduler
+    for obj in (cpu_matmul._tile_4x4, Roofline.plot, Scheduler):
+        course.show(obj)
+        assert len(capsys.readouterr().out.splitlines()) <= 1 + grading.EXCERPT_LINES + 2  # heading, + where the rest is, + blank
 
 
 def test_time_exercise_on_a_blank_stub_records_nothing(home, capsys):
@@ -342,29 +371,151 @@ def test_your_code_on_blank_stubs_says_nothing_is_yours(smollm2_path, capsys):
     assert "Nothing is yours yet" in capsys.readouterr().out
 
 
+def solved_copy(dest: Path) -> Path:
+    """A copy of the checkout's package and exercises whose every exercise is the package's own
+    solution (an import of the object its REFERENCE names, after the stubs): the learner who copied
+    the solutions in."""
+    for part in ("minillm", "exercises", "benchmarks/results"):
+        shutil.copytree(REPO / part, dest / part, ignore=shutil.ignore_patterns("*.pyc"))
+    for path in sorted((dest / "exercises").glob("ch[0-9][0-9]_*.py")):
+        lines = ["", "# the package's own solutions, copied in"]
+        for name, dotted in learner_module(path.stem).REFERENCE.items():
+            owner, _, attr = dotted.rpartition(".")
+            lines.append(f"from {owner} import {attr} as {name}  # noqa: E402,F811")
+        path.write_text(path.read_text() + "\n".join(lines) + "\n")
+    return dest
+
+
+YOUR_CODE_JSON = """
+import json, sys
+from minillm import course
+result = course.your_code(chapter=sys.argv[1], max_tokens=8, model=sys.argv[2])
+print(json.dumps({"pieces": [p.__dict__ for p in result.pieces], "equal": result.equal,
+                  "runs": {name: [package[0], yours[0]] for name, (package, yours) in result.runs.items()},
+                  "your_tokens": result.your_tokens, "package_tokens": result.package_tokens}))
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter", ["ch06", "ch08"])
-def test_your_code_with_the_package_copied_in_gives_the_package_tokens(chapter, smollm2_path, monkeypatch, hf_smollm2):
-    copy_package_in(monkeypatch, *(m for m in ("ch02_cpu_kernels", "ch04_quantization", "ch05_transformer",
-                                               "ch06_generation", "ch07_paged_kv_cache", "ch08_scheduler")
-                                   if m[:4] <= chapter))
-    result = course.your_code(chapter=chapter, max_tokens=8, model=smollm2_path)
-    expected_yours = {"ch06": {"ch02_rmsnorm", "ch02_rope", "ch02_decode_attention", "ch04_q4_1_dequantize",
-                               "ch04_quant_matvec", "ch05_decoder_layer", "ch06_bpe_merge", "ch06_top_p",
-                               "ch06_stream_detokenizer", "ch06_decode_step"},
-                      "ch08": {"ch02_rmsnorm", "ch02_rope", "ch04_q4_1_dequantize", "ch04_quant_matvec",
-                               "ch05_decoder_layer", "ch06_bpe_merge", "ch06_top_p", "ch06_stream_detokenizer",
-                               "ch07_block_table", "ch07_slot_mapping", "ch07_block_hash", "ch07_paged_attention",
-                               "ch08_schedule_step", "ch08_preemption", "ch08_batched_sampling"}}[chapter]
-    assert set(result.yours) == expected_yours
-    assert result.equal
-    # and the tokens are SmolLM2's: transformers' greedy continuation of the same prompt
+def test_your_code_on_the_package_solutions_reaches_every_seated_task(tmp_path, smollm2_path, hf_smollm2):
+    copy = solved_copy(tmp_path / "checkout")
+    run = subprocess.run([sys.executable, "-c", YOUR_CODE_JSON, "ch12", str(smollm2_path)], cwd=copy,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)}, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    pieces = {p["task"]: p for p in result["pieces"]}
+    assert list(pieces) == list(all_tasks())
+    hooks = {m for m, seat in seats.SEATS.items() if seat.kind == seats.HOOK}
+    for marker, piece in pieces.items():
+        if marker in hooks:
+            assert piece["whose"] == "package (no seat yet)" and piece["where"], marker
+        else:
+            assert piece["whose"] == "yours" and piece["reached"] > 0, piece
+    assert set(result["runs"]) == {"greedy", "sampled", "engine", "speculate", "cuda"}
+    for name, (package, yours) in result["runs"].items():
+        assert package == yours, name
+    # and the greedy tokens are SmolLM2's: transformers' greedy continuation of the same prompt
     import torch
     model, tokenizer = hf_smollm2
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         hf = model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:].tolist()
-    assert result.your_tokens == hf
+    assert result["your_tokens"] == result["package_tokens"] == hf
+
+
+@pytest.mark.slow
+def test_your_code_names_a_wrong_kernel_and_keeps_the_package_tokens(smollm2_path, monkeypatch, capsys):
+    copy_package_in(monkeypatch, "ch02_cpu_kernels")
+    monkeypatch.setattr(learner_module("ch02_cpu_kernels"), "softmax", lambda x: np.zeros_like(x))  # written, wrong
+    result = course.your_code(chapter="ch02", max_tokens=6, model=smollm2_path)
+    pieces = {p.task: p for p in result.pieces}
+    assert "disagrees with the reference" in pieces["ch02_softmax"].whose and pieces["ch02_softmax"].reached == 0
+    for marker in ("ch02_rmsnorm", "ch02_rope", "ch02_tiled_matmul", "ch02_decode_attention"):
+        assert pieces[marker].whose == "yours" and pieces[marker].reached > 0, pieces[marker]
+    assert result.equal
+    assert "ch02_softmax" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------------------------
+# the learner's backend: softmax inside attention, the tiled matmul inside prefill
+
+
+def test_with_softmax_runs_reference_attention_on_the_given_softmax():
+    from minillm.course.learner_ops import Reach, with_softmax
+    from minillm.kernels import reference
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4, 8), (5, 2, 8), (5, 2, 8)))
+    reach = Reach()
+    attention = with_softmax(reference.attention, reach.counted("ch02_softmax", reference.softmax))
+    np.testing.assert_allclose(attention(q, k, v, 2), reference.attention(q, k, v, 2), rtol=1e-6)
+    assert reach["ch02_softmax"] == 1
+    assert reference.attention.__globals__["softmax"] is reference.softmax  # nothing patched
+
+
+def test_learner_qlinear_takes_decode_through_qmatvec_and_prefill_through_dequantize_and_matmul():
+    from minillm.course.learner_ops import Reach, learner_qlinear
+    from minillm.kernels import reference
+    from minillm.kernels.cpu import matmul_ladder, quant
+    rng = np.random.default_rng(1)
+    qm = quant.quantize(rng.standard_normal((96, 64)).astype(np.float32), "Q4_1")
+    reach = Reach()
+    qlinear = learner_qlinear(reach.counted("mv", quant.qmatvec), reach.counted("dq", quant.dequantize_q4_1),
+                              reach.counted("mm", matmul_ladder.matmul_v3_blocked))
+    for rows in (1, 2, 7):
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        np.testing.assert_allclose(qlinear(x, qm), reference.qlinear(x, qm), rtol=1e-4, atol=1e-4)
+    assert reach == {"mv": 3, "dq": 1, "mm": 1}
+
+
+# -----------------------------------------------------------------------------------------------
+# committed figures and the machine that measured them
+
+
+def test_committed_result_is_the_file_of_this_microarchitecture():
+    from minillm.course import committed
+    assert committed.committed_result("decode", "znver5")["file"] == "decode_zen5.json"
+    assert committed.committed_result("decode", "rocketlake")["file"] == "decode_xeon.json"
+    assert committed.committed_result("decode", "znver4")["file"] == "decode.json"
+    other = committed.committed_result("decode", "neoverse-v2")
+    assert other["file"] == "decode.json" and other["same_machine"] is False
+    assert "another microarchitecture" in committed.machine_label(other)
+    assert committed.committed_result("no_such_benchmark") == {}
+
+
+def test_a_stale_or_unstamped_figure_is_labelled_and_not_printed_as_current():
+    from minillm.course import committed
+    stale = {"file": "x.json", "stale": "measured before the kernels", "machine": {"cpu": "AMD EPYC"}}
+    line = committed.beside("live 90 us", "165 us", stale)
+    assert "165" not in line and "STALE" in line and line.startswith("live 90 us")
+    stamped = {"file": "y.json", "date": "2026-12-01T00:00", "fingerprint": "0123456789ab", "same_machine": True,
+               "machine": {"cpu": "AMD EPYC", "llvm_cpu": "znver5", "cores": 2, "numba_target": {"isa": "avx512"}}}
+    assert committed.stamped(stamped) and not committed.stamped(stale)
+    assert committed.beside("live 90 us", "80 us", stamped) == (
+        "live 90 us  | committed 80 us on y.json: AMD EPYC, znver5, Numba avx512, 2 cores, minillm 0123456789ab, 2026-12-01")
+
+
+def test_save_result_stamps_the_machine_and_the_fingerprint(tmp_path):
+    common = load_benchmarks_common()
+    result = json.loads(common.save_result("probe", {"x": 1}, tmp_path).read_text())
+    assert result["fingerprint"] == minillm.fingerprint()
+    assert {"cpu", "llvm_cpu", "cores"} <= set(result["machine"]) and result["machine"]["numba_target"]["isa"]
+    from minillm.course import committed
+    assert committed.stamped(result)
+
+
+def load_benchmarks_common():
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))  # a folder of scripts, not a package (as test_benchmark_common)
+    return importlib.import_module("common")
+
+
+def test_run_all_fair_makes_every_results_file():
+    script = (REPO / "benchmarks" / "run_all_fair.sh").read_text()
+    default = set(re.search(r"WHICH=\$\{\*:-([^}]*)\}", script).group(1).split())
+    made = {"profile": {"decode_profile", "decode_profile_avx2"}}
+    produced = set().union(*(made.get(name, {name}) for name in default))
+    for path in (REPO / "benchmarks" / "results").glob("*.json"):
+        assert json.loads(path.read_text())["benchmark"] in produced, path.name
 
 
 # -----------------------------------------------------------------------------------------------
@@ -536,6 +687,112 @@ def test_committed_outputs_come_from_this_code(notebook_path):
 def test_each_task_is_posed_before_its_solution_is_shown(notebook_path):
     problems = order_problems(json.loads(notebook_path.read_text()), chapter_tasks(notebook_path))
     assert not problems, f"{notebook_path.name}:\n" + "\n".join(problems)
+
+
+def printed_lines(cell: dict) -> list[str]:
+    """The lines a code cell printed: its streams and plain-text results (figures are not lines)."""
+    lines = []
+    for output in cell.get("outputs", []):
+        text = output.get("text") if output.get("output_type") == "stream" else output.get("data", {}).get("text/plain")
+        if text:
+            lines += ("".join(text) if isinstance(text, list) else text).splitlines()
+    return lines
+
+
+EXCERPT_HEADING = re.compile(r".*  \(\S+\.py:\d+-\d+\)$")  # course.show's heading: name  (file:first-last)
+
+
+def source_share(notebook: dict) -> tuple[int, int]:
+    """(lines of package source the chapter prints, lines it prints): an excerpt is course.show's
+    heading and the lines up to the blank line that ends it; inspect.getsource's output
+    is not allowed at all (test_each_task_is_posed_before_its_solution_is_shown reads the cells)."""
+    shown = printed = 0
+    for cell in code_cells(notebook):
+        lines = printed_lines(cell)
+        printed += len(lines)
+        i = 0
+        while i < len(lines):
+            if EXCERPT_HEADING.fullmatch(lines[i]):
+                end = next((j for j in range(i + 1, len(lines)) if not lines[j].strip()), len(lines))
+                shown += end - i
+                i = end
+            else:
+                i += 1
+    return shown, printed
+
+
+def solutions_outside_their_section(notebook: dict) -> list[int]:
+    """Code cells (numbered from 1) that print a task's solution before the '## Solutions' heading."""
+    problems, in_solutions, number = [], False, 0
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            in_solutions = in_solutions or cell_source(cell).lstrip().startswith("## Solutions")
+            continue
+        number += 1
+        if not in_solutions and any(isinstance(n, ast.Call) and _called_name(n) == "show_solution"
+                                    for n in ast.walk(parsed(cell_source(cell)))):
+            problems.append(number)
+    return problems
+
+
+RESULTS_FILE = re.compile(r"benchmarks/results/(\w+)\.json")
+COMMITTED_CALL = re.compile(r"committed_(?:result\(\s*[\"'](\w+)[\"']|(decode)\()")
+
+
+def results_read(text: str) -> set[str]:
+    """Names of the benchmarks whose results files a text (a chapter's code, the README) reads."""
+    from minillm.course import committed
+    names = set()
+    for stem in RESULTS_FILE.findall(text):
+        path = committed.RESULTS / f"{stem}.json"
+        names.add(json.loads(path.read_text())["benchmark"] if path.is_file() else stem)
+    names |= {a or b for a, b in COMMITTED_CALL.findall(text)}
+    return names
+
+
+def unstamped_results(names: set[str]) -> list[str]:
+    from minillm.course import committed
+    return sorted(f for name in names for f, result in committed.results_files(name).items()
+                  if not committed.stamped(result))
+
+
+def test_source_share_and_solution_section_on_a_synthetic_notebook():
+    notebook = synthetic_notebook('course.check("ch02_rmsnorm")', 'course.show_solution("ch02_rmsnorm")\nprint(1)')
+    notebook["cells"][1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "a\nb\nc\n"}]
+    notebook["cells"][2]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": [
+        "Solution - ch02_rmsnorm: minillm.kernels.cpu.rms_norm  (minillm/kernels/cpu/__init__.py:88-95)\n",
+        "def rms_norm(x, weight, eps):\n", "    return x\n", "\n", "1\n"]}]
+    assert source_share(notebook) == (3, 8)
+    assert solutions_outside_their_section(notebook) == [2]
+    notebook["cells"].insert(2, {"cell_type": "markdown", "source": "## Solutions\n"})
+    assert solutions_outside_their_section(notebook) == []
+    assert results_read('x = Path("../benchmarks/results/decode_zen5.json")\ncourse.committed_result("quant_quality")') \
+        == {"decode", "quant_quality"}
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_package_source_is_at_most_a_fifth_of_what_a_chapter_prints(notebook_path):
+    shown, printed = source_share(json.loads(notebook_path.read_text()))
+    assert shown <= 0.2 * printed, f"{notebook_path.name}: {shown} of {printed} printed lines are package source"
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_solutions_live_in_a_final_solutions_section(notebook_path):
+    cells = solutions_outside_their_section(json.loads(notebook_path.read_text()))
+    assert not cells, f"{notebook_path.name}: code cells {cells} print solutions before '## Solutions'"
+
+
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_results_file_a_chapter_reads_names_its_machine_and_fingerprint(notebook_path):
+    notebook = json.loads(notebook_path.read_text())
+    unstamped = unstamped_results(results_read("\n".join(cell_source(c) for c in code_cells(notebook))))
+    assert not unstamped, (f"{notebook_path.name} reads {unstamped}, which lack the machine or fingerprint stamp: "
+                           "rerun them (benchmarks/run_all_fair.sh) or stop reading them")
+
+
+def test_every_results_file_the_readme_reads_names_its_machine_and_fingerprint():
+    unstamped = unstamped_results(results_read((REPO / "README.md").read_text()))
+    assert not unstamped, f"README.md reads {unstamped}, which lack the machine or fingerprint stamp"
 
 
 def test_every_chapter_with_tasks_has_a_notebook():

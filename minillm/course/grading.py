@@ -2,6 +2,7 @@
 the package's solution."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import os
@@ -10,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -150,21 +152,74 @@ def _print(result: CheckResult) -> None:
     print(f"command: {result.command}")
 
 
-def show(*objects) -> None:
-    """Print the package's source of each object (a function, a Numba kernel, a class or a
-    method) under its dotted name: the chapters display the code they teach, never a copy of it."""
+EXCERPT_LINES = 25  # what a chapter prints of a piece of the package: its core, never a whole class
+
+
+def show(*objects, focus: str | None = None, lines: int = EXCERPT_LINES) -> None:
+    """Print an excerpt of the package's source of each object (a function, a Numba kernel, a
+    method; a class as its outline) under its dotted name and file:line: at most ``lines`` lines of
+    code, the docstring and blank lines left out, starting at the first line containing ``focus`` if given. The
+    chapters display the code they teach, never a copy of it; the file:line says where to read on."""
     for obj in objects:
         source = getattr(obj, "py_func", obj)  # a Numba dispatcher keeps the Python it compiled
-        _print_source(f"{source.__module__}.{source.__qualname__}", source)
+        _print_excerpt(f"{source.__module__}.{source.__qualname__}", source, focus, lines)
 
 
-def show_solution(marker: str) -> None:
-    """Print the package's source of the task's solution (call it after you have tried)."""
+def show_solution(marker: str, focus: str | None = None, lines: int = EXCERPT_LINES) -> None:
+    """Print an excerpt of the package's solution of the task (call it after you have tried)."""
     module, _ = task(marker)
     for name, obj in solutions(marker).items():
-        _print_source(f"Solution - {marker}: {module.REFERENCE[name]}", obj)
+        _print_excerpt(f"Solution - {marker}: {module.REFERENCE[name]}", getattr(obj, "py_func", obj), focus, lines)
 
 
-def _print_source(heading: str, obj) -> None:
-    print(f"{heading}\n{'=' * len(heading)}")
-    print(inspect.getsource(obj))
+def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[str, list[str]]:
+    """(``path:first-last`` of the whole definition, the lines to print) for a function or a class.
+
+    A function: its signature and body without the docstring, from ``focus`` on if given, cut at
+    ``lines`` with a last line saying how many lines and where the rest is. A class: its first line,
+    the first line of its docstring and one line per method with its line number (a class is read
+    method by method)."""
+    source, first = inspect.getsourcelines(obj)
+    path = Path(inspect.getsourcefile(obj))
+    where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
+    span = f"{where}:{first}-{first + len(source) - 1}"
+    node = ast.parse(textwrap.dedent("".join(source))).body[0]
+    header_end = node.body[0].lineno - 1  # decorators and the signature, however many lines
+    header = [text.rstrip() for text in source[:header_end]]
+    if isinstance(node, ast.ClassDef):
+        doc = (ast.get_docstring(node) or "").strip().splitlines()
+        outline = header + ([f'    """{doc[0]}"""'] if doc else [])
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                outline.append(f"{source[item.lineno - 1].rstrip()}  ...  # {where}:{first + item.lineno - 1}")
+        return span, outline
+    docstring = _docstring_lines(node)
+    body = [(first + i, source[i].rstrip()) for i in range(header_end, len(source))
+            if i + 1 not in docstring and source[i].strip()]  # blank lines left out: an excerpt ends at one
+    if focus is not None:
+        start = next((i for i, (_, text) in enumerate(body) if focus in text), None)
+        if start is None:
+            raise ValueError(f"{where}: no line of {obj.__qualname__} contains {focus!r}")
+        header += ["    ..."] if start else []
+        body = body[start:]
+    room = max(lines - len(header), 1)
+    shown = header + [text for _, text in body[:room]]
+    if len(body) > room:
+        rest = body[room:]
+        shown.append(f"    ... {len(rest)} more lines: {where}:{rest[0][0]}-{rest[-1][0]}")
+    return span, shown
+
+
+def _docstring_lines(node: ast.AST) -> set[int]:
+    """Line numbers (1-based, in the definition's own source) of a function's docstring."""
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        return set(range(body[0].lineno, body[0].end_lineno + 1))
+    return set()
+
+
+def _print_excerpt(heading: str, obj, focus: str | None, lines: int) -> None:
+    span, shown = excerpt(obj, focus, lines)
+    print(f"{heading}  ({span})")
+    print("\n".join(shown) + "\n")  # the blank line ends the excerpt (tests/test_course.py counts them)

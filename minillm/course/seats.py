@@ -1,8 +1,18 @@
-"""Where a learner's piece can sit in the engine: the one module attribute the engine calls for
-it, swapped for the learner's while generating, and put back afterwards.
+"""Where a learner's piece sits in the engine, and how ``your_code`` reaches it.
 
-Kernels reach the model through the "exercises" kernel backend (course/exercises_backend.py);
-everything above the kernels through the swaps below. A task with no seat says why.
+Kinds of seat (``Seat.kind``):
+- KERNEL: the op the forward calls, through the learner's backend (the "exercises" kernel backend,
+  course/exercises_backend.py, composed into the forward by course/learner_ops.py);
+- SWAP: the one module attribute the engine calls for it, set to the learner's while generating
+  and put back afterwards (``learner_seats``);
+- CALL: your_code calls it itself - chapter 01's roofline and decode ceiling make the prediction
+  it compares with the measured decode speed;
+- CUDA: chapter 03's kernels run a tiny model's forward in a process of its own, on the CUDA
+  simulator when there is no GPU (minillm/course/cuda_seat.py);
+- HOOK: no seat yet - the note names the hook in the engine or server it needs.
+``path`` says which of your_code's runs reaches it: one request on a contiguous KV cache
+(chapter 06's Generation; greedy on fp32 K/V, and a seeded sampled one on int8 K/V), or the paged
+engine (chapters 07-08, LLMEngine, with a KV budget small enough to preempt).
 """
 from __future__ import annotations
 
@@ -13,67 +23,73 @@ from dataclasses import dataclass
 
 from minillm.course.tasks import all_tasks, chapter_of, is_blank_stub, task
 
-SINGLE, ENGINE, BOTH = "single", "engine", "both"  # generation paths: one request on a contiguous
-# cache (chapter 06's Generation), the paged engine (chapters 07-08: LLMEngine), or either
+SINGLE, ENGINE, BOTH = "single", "engine", "both"  # which run reaches a seat (see the docstring)
+KERNEL, SWAP, CALL, CUDA, HOOK = "kernel", "swap", "call", "cuda", "hook"
 
 
 @dataclass(frozen=True)
 class Seat:
-    targets: tuple[tuple[str, str], ...] = ()  # (module, attribute) the engine calls, set to the learner's
-    path: str | None = None                    # SINGLE, ENGINE or BOTH; None: no seat in generation
-    note: str = ""                             # why there is no seat, or when the seat is not reached
+    kind: str
+    targets: tuple[tuple[str, str], ...] = ()  # SWAP: (module, attribute) the engine calls, set to the learner's
+    path: str | None = None                    # SINGLE, ENGINE or BOTH; None for CALL, CUDA and HOOK
+    note: str = ""                             # what reaches it, or the hook it needs
 
 
-KERNEL = "kernel: the exercises backend"
+def swap(*targets: tuple[str, str], path: str = BOTH, note: str = "") -> Seat:
+    return Seat(SWAP, targets, path, note)
+
+
 SEATS = {
-    "ch01_roofline": Seat(note="an analysis function: generation does not call it"),
-    "ch01_decode_ceiling": Seat(note="an analysis function: generation does not call it"),
-    "ch02_rmsnorm": Seat(path=BOTH, note=KERNEL),
-    "ch02_softmax": Seat(note="the model's attention kernels compute their own softmax: no seat"),
-    "ch02_rope": Seat(path=BOTH, note=KERNEL),
-    "ch02_tiled_matmul": Seat(note="linear layers run on quantized weights (qlinear): no seat"),
-    "ch02_decode_attention": Seat(path=SINGLE, note=KERNEL),
-    "ch03_vector_add": Seat(note="CUDA kernels: no seat on the CPU path"),
-    "ch03_block_reduce": Seat(note="CUDA kernels: no seat on the CPU path"),
-    "ch03_tiled_matmul": Seat(note="CUDA kernels: no seat on the CPU path"),
-    "ch03_rmsnorm": Seat(note="CUDA kernels: no seat on the CPU path"),
-    "ch04_q4_1_dequantize": Seat(path=BOTH, note=KERNEL + " (qlinear for prefill, Q4_1 weights)"),
-    "ch04_quant_matvec": Seat(path=BOTH, note=KERNEL + " (qlinear for decode, Q4_1 weights)"),
-    "ch04_kv_int8": Seat(note="K/V stay fp32 in the engine; int8 K/V run only in chapter 04's quality measurement: no seat"),
-    "ch05_rope_convention": Seat(note="the engine keeps GGUF's row order and rotates adjacent pairs: no seat"),
-    "ch05_decoder_layer": Seat((("minillm.model.transformer", "decoder_layer"),), BOTH),
-    "ch06_bpe_merge": Seat((("minillm.generation.tokenizer", "bpe_merge"),), BOTH, "encodes the prompt"),
-    "ch06_top_p": Seat((("minillm.generation.sampling", "top_p_filter"),), BOTH,
-                       "swapped in, but greedy decoding never filters"),
-    "ch06_stream_detokenizer": Seat((("minillm.generation.output", "StreamDetokenizer"),), BOTH),
-    "ch06_decode_step": Seat((("minillm.generation.generate", "decode_step"),), SINGLE),
-    "ch07_block_table": Seat((("minillm.runtime.block_manager", "BlockPool"),), ENGINE),
-    "ch07_slot_mapping": Seat((("minillm.runtime.paged_cache", "slot_mapping"),), ENGINE),
-    "ch07_block_hash": Seat((("minillm.runtime.block_manager", "hash_block"),), ENGINE),
-    "ch07_paged_attention": Seat(path=ENGINE, note=KERNEL),
-    "ch08_schedule_step": Seat((("minillm.runtime.engine", "Scheduler"),), ENGINE),
-    "ch08_preemption": Seat((("minillm.runtime.scheduler", "choose_victim"),), ENGINE,
-                            "reached only when the KV cache runs out"),
-    "ch08_batched_sampling": Seat((("minillm.runtime.engine", "Sampler"), ("minillm.generation.generate", "Sampler")),
-                                  BOTH),
-    "ch09_sse_event": Seat(note="the server's wire format: generation does not call it"),
-    "ch09_metric": Seat(note="the load generator's metric: generation does not call it"),
-    "ch09_stop_stream": Seat((("minillm.generation.output", "StopStringFilter"),), BOTH),
-    "ch10_ngram_drafter": Seat((("minillm.generation.speculative", "ngram_propose"),), ENGINE,
-                               "reached only when the engine speculates with method 'ngram'"),
-    "ch10_greedy_accept": Seat(note="the engine judges each verified row through the sampler, so penalties and "
-                                    "stop checks see every kept token: greedy_accept states the rule, no seat"),
-    "ch10_rejection_sampling": Seat(note="the engine's drafters are deterministic (q one-hot): it keeps or redraws "
-                                         "row by row with accept_or_resample, not this k-row rule: no seat"),
-    "ch10_kv_rollback": Seat((("minillm.runtime.block_manager", "release_tail"),), ENGINE,
-                             "reached only when speculation rolls back rejected draft tokens"),
-    "ch11_thompson": Seat(note="compiled once per constraint, before generation: no seat"),
-    "ch11_subset_construction": Seat(note="compiled once per constraint, before generation: no seat"),
-    "ch11_token_mask": Seat(note="built once per constraint and tokenizer: unconstrained generation never masks"),
-    "ch12_column_row_linear": Seat(note="a teaching model of the split: the ranks run it on quantized shards "
-                                        "(minillm.model.sharding): no seat"),
-    "ch12_cache_aware_routing": Seat(note="the router sits in front of the replicas (Ray Serve), not on the "
-                                          "generation path: no seat"),
+    "ch01_roofline": Seat(CALL, note="the attainable FLOP/s of a decode step: the prediction beside the measured run"),
+    "ch01_decode_ceiling": Seat(CALL, note="the decode ceiling: the prediction beside the measured run"),
+    "ch02_rmsnorm": Seat(KERNEL, path=BOTH, note="ops.rms_norm"),
+    "ch02_softmax": Seat(KERNEL, path=BOTH, note="inside attention (reference attention on your softmax)"),
+    "ch02_rope": Seat(KERNEL, path=BOTH, note="ops.rope"),
+    "ch02_tiled_matmul": Seat(KERNEL, path=BOTH, note="prefill's linear layers: x @ dequantize(W).T"),
+    "ch02_decode_attention": Seat(KERNEL, path=SINGLE, note="ops.attention_decode (contiguous cache)"),
+    "ch03_vector_add": Seat(CUDA, note="the residual adds of a tiny model's forward"),
+    "ch03_block_reduce": Seat(CUDA, note="attention's softmax denominators in a tiny model's forward"),
+    "ch03_tiled_matmul": Seat(CUDA, note="the linear layers of a tiny model's forward"),
+    "ch03_rmsnorm": Seat(CUDA, note="the RMSNorms of a tiny model's forward"),
+    "ch04_q4_1_dequantize": Seat(KERNEL, path=BOTH, note="prefill's Q4_1 linear layers"),
+    "ch04_quant_matvec": Seat(KERNEL, path=BOTH, note="decode's Q4_1 linear layers"),
+    "ch04_kv_int8": swap(("minillm.model.quality", "quantize_kv_int8"), ("minillm.model.quality", "dequantize_kv_int8"),
+                         path=SINGLE, note="the int8 KV cache of the sampled request"),
+    "ch05_rope_convention": swap(("minillm.model.loader", "unpermute_qk_rows"),
+                                 note="Q/K rows in Hugging Face order, rotated by halves"),
+    "ch05_decoder_layer": swap(("minillm.model.transformer", "decoder_layer")),
+    "ch06_bpe_merge": swap(("minillm.generation.tokenizer", "bpe_merge"), note="encodes the prompt"),
+    "ch06_top_p": swap(("minillm.generation.sampling", "top_p_filter"), note="the seeded sampled request"),
+    "ch06_stream_detokenizer": swap(("minillm.generation.output", "StreamDetokenizer")),
+    "ch06_decode_step": swap(("minillm.generation.generate", "decode_step"), path=SINGLE),
+    "ch07_block_table": swap(("minillm.runtime.block_manager", "BlockPool"), path=ENGINE),
+    "ch07_slot_mapping": swap(("minillm.runtime.paged_cache", "slot_mapping"), path=ENGINE),
+    "ch07_block_hash": swap(("minillm.runtime.block_manager", "hash_block"), path=ENGINE),
+    "ch07_paged_attention": Seat(KERNEL, path=ENGINE, note="ops.paged_attention_decode"),
+    "ch08_schedule_step": swap(("minillm.runtime.engine", "Scheduler"), path=ENGINE),
+    "ch08_preemption": swap(("minillm.runtime.scheduler", "choose_victim"), path=ENGINE,
+                            note="the engine run's KV budget is too small for all its requests at once"),
+    "ch08_batched_sampling": swap(("minillm.runtime.engine", "Sampler"), ("minillm.generation.generate", "Sampler")),
+    "ch09_sse_event": Seat(HOOK, note="needs the server to take its SSE encoder from the course "
+                                      "(serve --exercises): the stream of chunks is written by minillm.serve"),
+    "ch09_metric": Seat(HOOK, note="needs the learner's server (serve --exercises) to compute its latency metric"),
+    "ch09_stop_stream": swap(("minillm.generation.output", "StopStringFilter")),
+    "ch10_ngram_drafter": swap(("minillm.generation.speculative", "ngram_propose"), path=ENGINE,
+                               note="the speculative engine run (method 'ngram')"),
+    "ch10_greedy_accept": Seat(HOOK, note="needs the engine's speculative step to judge draft rows through an "
+                                          "acceptance rule it takes from one module attribute"),
+    "ch10_rejection_sampling": Seat(HOOK, note="needs the same hook, for sampled verification with a "
+                                               "non-deterministic drafter"),
+    "ch10_kv_rollback": swap(("minillm.runtime.block_manager", "release_tail"), path=ENGINE,
+                             note="the speculative engine run rolls back rejected draft tokens"),
+    "ch11_thompson": Seat(HOOK, note="needs the guide that constrains SmolLM2 to build its automaton through "
+                                     "one module attribute"),
+    "ch11_subset_construction": Seat(HOOK, note="the same hook, for the DFA"),
+    "ch11_token_mask": Seat(HOOK, note="the same hook, for the token mask of each DFA state"),
+    "ch12_column_row_linear": Seat(HOOK, note="needs the tensor-parallel ranks to take their split linear "
+                                              "layers from one module attribute"),
+    "ch12_cache_aware_routing": Seat(HOOK, note="needs the router to take its routing rule from one module "
+                                                "attribute"),
 }
 
 
@@ -82,32 +98,49 @@ def tasks_up_to(chapter: str) -> list[str]:
     return [m for m in all_tasks() if chapter_of(m) <= chapter]
 
 
-def learner_piece(marker: str):
-    """The learner's function or class for a seat's task (one per task with a seat)."""
-    module, (name,) = task(marker)
-    return getattr(module, name)
+def learner_pieces(marker: str) -> dict[str, object]:
+    """The learner's functions (or classes) a task grades, by name."""
+    module, names = task(marker)
+    return {name: getattr(module, name) for name in names}
 
 
 def written(marker: str) -> bool:
-    """The learner has replaced the blank stub (whether it is right is the tests' business)."""
-    return not is_blank_stub(learner_piece(marker))
+    """The learner has replaced every blank stub of the task (whether it is right is the tests' business)."""
+    return not any(is_blank_stub(piece) for piece in learner_pieces(marker).values())
+
+
+def seat_targets(marker: str) -> list[tuple[str, str, str]]:
+    """(module, attribute, the learner's name it gets) per target of a SWAP seat: a task of one
+    function puts it at every target; a task of several puts its i-th at the i-th target."""
+    seat, (_, names) = SEATS[marker], task(marker)
+    return [(module, attr, names[0] if len(names) == 1 else names[i]) for i, (module, attr) in enumerate(seat.targets)]
 
 
 @contextlib.contextmanager
-def learner_seats(chapter: str) -> Iterator[list[str]]:
+def learner_seats(chapter: str, reach=None) -> Iterator[list[str]]:
     """Within the block, the engine calls the learner's written pieces of chapters up to `chapter`
-    (above the kernels); yields the tasks swapped in. Every attribute is put back on the way out,
-    also when the block raises."""
+    (SWAP seats); yields the tasks swapped in. With ``reach`` (a learner_ops.Reach), each piece is
+    counted - at its seat and in the learner's own module, so that the learner's code calling its
+    own piece counts too. Every attribute is put back on the way out, also when the block raises."""
     swapped, originals = [], []
+
+    def put(module, attr, value):
+        originals.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, value)
+
     try:
         for marker in tasks_up_to(chapter):
-            seat = SEATS[marker]
-            if not seat.targets or not written(marker):
+            if SEATS[marker].kind != SWAP or not written(marker):
                 continue
-            for module_name, attr in seat.targets:
-                module = importlib.import_module(module_name)
-                originals.append((module, attr, getattr(module, attr)))
-                setattr(module, attr, learner_piece(marker))
+            pieces = learner_pieces(marker)
+            if reach is not None:
+                learner_module, _ = task(marker)
+                for name, piece in list(pieces.items()):
+                    pieces[name] = reach.wrap(marker, piece)
+                    if not hasattr(piece, "py_func"):  # a Numba kernel keeps its own name: its callers are compiled
+                        put(learner_module, name, pieces[name])
+            for module_name, attr, name in seat_targets(marker):
+                put(importlib.import_module(module_name), attr, pieces[name])
             swapped.append(marker)
         yield swapped
     finally:

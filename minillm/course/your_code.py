@@ -1,92 +1,284 @@
-"""SmolLM2 on your code: which pieces of a generation are the learner's, and whether greedy
-decoding on them gives the package's tokens."""
+"""SmolLM2 on your code: every task of the chapters so far where the engine runs it, each counted
+as it is reached, and the tokens beside the package's.
+
+Runs, each made twice - on the package, then on the learner's pieces - and compared token by token:
+    greedy     one request on a contiguous fp32 KV cache (chapter 06's Generation)
+    sampled    a seeded request (temperature 0.8, top_p 0.9) on an int8 KV cache     (from ch04)
+    engine     three requests through the paged engine, on a KV budget too small for all three
+               at once, so that the scheduler preempts                               (from ch07)
+    speculate  one repetitive request through the engine speculating with n-grams   (from ch10)
+    cuda       chapter 03's kernels in a tiny model's forward, in a process of its own (from ch03)
+Chapter 01's roofline and decode ceiling predict the decode speed the greedy run then measures.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from minillm.course.exercises_backend import exercises_backend
-from minillm.course.seats import ENGINE, KERNEL, SEATS, SINGLE, learner_seats, tasks_up_to, written
+from minillm.course import cuda_seat
+from minillm.course.learner_ops import Reach, learner_backend
+from minillm.course.seats import CALL, CUDA, HOOK, KERNEL, SEATS, learner_pieces, learner_seats, tasks_up_to, written
+from minillm.course.tasks import task
 from minillm.generation.generate import Generation
 from minillm.generation.sampling import SamplingParams
 from minillm.llm import LLM, load_tokenizer
+from minillm.model import loader
 from minillm.model.fetch import cached_model_path, fetch
-from minillm.model.loader import load_model
+from minillm.model.quality import Int8KVCache
+from minillm.model.transformer import Model
+from minillm.runtime.paged_cache import bytes_per_token
+
+ENGINE_PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+SPECULATE_PROMPT = "one two three four five one two three four five one two three four five one two"
+ENGINE_BLOCK_SIZE = 4    # small blocks: a sequence needs new ones as it decodes, so the scheduler
+# preempts when the budget - one and a half sequences' worth, for three sequences - runs out
+SAMPLED = dict(temperature=0.8, top_p=0.9, seed=0)
+
+
+@dataclass
+class Piece:
+    task: str
+    whose: str       # "yours", or "package (why)"
+    reached: int     # calls of the learner's code during the runs (0: not reached)
+    where: str
 
 
 @dataclass(repr=False)
 class YourCodeResult:
-    pieces: list[tuple[str, str, str]]  # (task, whose, where) per task up to the chapter
-    package_tokens: list[int]
+    pieces: list[Piece]
+    package_tokens: list[int]   # the greedy run's
     your_tokens: list[int]
+    runs: dict[str, tuple[tuple, tuple]] = field(default_factory=dict)  # run -> (package's, yours), each
+    # (token ids of each request, what else the run reports)
 
     @property
     def equal(self) -> bool:
-        return self.package_tokens == self.your_tokens
+        return all(package[0] == yours[0] for package, yours in self.runs.values())
 
     @property
     def yours(self) -> list[str]:
-        return [task for task, whose, _ in self.pieces if whose.startswith("yours")]
+        return [p.task for p in self.pieces if p.whose == "yours"]
+
+    @property
+    def reached(self) -> list[str]:
+        return [p.task for p in self.pieces if p.whose == "yours" and p.reached > 0]
 
     def __repr__(self) -> str:  # one line: a notebook cell ending with your_code(...) echoes it
-        tokens = f"the package's {len(self.package_tokens)} tokens" if self.equal else "not the package's tokens"
-        return f"YourCodeResult({len(self.yours)} of {len(self.pieces)} pieces yours: {tokens})"
+        tokens = "the package's tokens" if self.equal else "not the package's tokens"
+        return (f"YourCodeResult({len(self.yours)} of {len(self.pieces)} pieces yours, {len(self.reached)} reached: "
+                f"{tokens} in {len(self.runs)} runs)")
 
 
 def your_code(chapter: str = "ch02", prompt: str = "The capital of France is", max_tokens: int = 12,
               model: str | Path | None = None) -> YourCodeResult:
-    """Greedy tokens of SmolLM2 on the learner's pieces of chapters up to `chapter` beside the
-    package's. Chapters before 07 generate one request on a contiguous cache (chapter 06's
-    Generation); from 07 on, through the paged engine (LLMEngine), where the paged pieces sit."""
+    """Run SmolLM2 on the learner's pieces of chapters 01 .. `chapter` and on the package's, print
+    which pieces were the learner's and how often each was called, and the tokens side by side."""
     path = Path(model) if model is not None else (cached_model_path() or fetch())
-    on_path = ENGINE if chapter >= "ch07" else SINGLE
-    kernels = exercises_backend().tasks
-    pieces = [(task, *_whose(task, on_path, kernels)) for task in tasks_up_to(chapter)]
-    print(f"SmolLM2 on your code, chapters 01-{chapter[2:]}, "
-          f"{'the paged engine' if on_path == ENGINE else 'one request on a contiguous KV cache'}:")
-    width = max(len(t) for t, _, _ in pieces)
-    for task, whose, where in pieces:
-        print(f"  {task:<{width}}  {whose:<55}  {where}")
-    if not any(whose.startswith("yours") for _, whose, _ in pieces):
-        print("Nothing is yours yet: every piece is the package's, so both runs below are the package's.")
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    package_tokens = _greedy(path, "numba", prompt, params, on_path)
-    with learner_seats(chapter):
-        your_tokens = _greedy(path, "exercises", prompt, params, on_path)
-    result = YourCodeResult(pieces, package_tokens, your_tokens)
+    reach = Reach()
+    runs = _runs(path, chapter, prompt, max_tokens, reach)
+    prediction = _prediction(path, chapter, reach, runs.pop("_decode_tokens_per_s"))
+    pieces = [_piece(marker, reach) for marker in tasks_up_to(chapter)]
+    _print_pieces(chapter, pieces)
+    (package_greedy, _), (your_greedy, _) = runs["greedy"]
+    result = YourCodeResult(pieces, package_greedy[0], your_greedy[0], runs)
     _print_tokens(path, prompt, result)
+    for line in prediction:
+        print(line)
     return result
 
 
-def _whose(task: str, on_path: str, kernels: dict[str, str]) -> tuple[str, str]:
-    seat = SEATS[task]
-    if seat.path is None:
-        return "package (no seat)", seat.note
-    if seat.path not in (on_path, "both"):
-        reached = "the paged engine" if seat.path == ENGINE else "the contiguous-cache path (chapters 02-06)"
-        return "not used here", f"runs only on {reached}"
-    if seat.note.startswith(KERNEL):
-        return kernels[task], seat.note
-    whose = "yours" if written(task) else "package (not written yet)"
-    where = ", ".join(f"{m}.{a}" for m, a in seat.targets)
-    return whose, where + (f" - {seat.note}" if seat.note else "")
+# ----------------------------------------------------------------------------------------------
+# the runs
 
-
-def _greedy(path: Path, backend: str, prompt: str, params: SamplingParams, on_path: str) -> list[int]:
-    if on_path == ENGINE:
-        return LLM(path, backend=backend).generate([prompt], params)[0].token_ids
+def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) -> dict:
     tokenizer = load_tokenizer(path)
-    model = load_model(path, backend=backend)
-    return Generation(model, tokenizer, tokenizer.encode(prompt), params).run().token_ids
+    package_model = loader.load_model(path)
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    sampled = SamplingParams(max_tokens=max_tokens, **SAMPLED)
+    runs, kv = {}, _preempting_budget(tokenizer, package_model, max_tokens)
+    package = {"greedy": _single(package_model, tokenizer, prompt, greedy)}
+    if chapter >= "ch04":
+        package["sampled"] = _single(package_model, tokenizer, prompt, sampled, int8_kv=True)
+    if chapter >= "ch07":
+        package["engine"] = _engine(path, package_model, ENGINE_PROMPTS, greedy, **kv)
+    if chapter >= "ch10":
+        package["speculate"] = _engine(path, package_model, [SPECULATE_PROMPT], greedy,
+                                       speculative={"method": "ngram", "num_speculative_tokens": 4})
+    decode_tokens_per_s = package["greedy"][1]
+    with learner_seats(chapter, reach):
+        model = _learner_model(path, chapter, reach)
+        yours = {"greedy": _single(model, load_tokenizer(path), prompt, greedy)}
+        if chapter >= "ch04":
+            yours["sampled"] = _single(model, load_tokenizer(path), prompt, sampled, int8_kv=True)
+        if chapter >= "ch07":
+            yours["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, **kv)
+        if chapter >= "ch10":
+            yours["speculate"] = _engine(path, model, [SPECULATE_PROMPT], greedy,
+                                         speculative={"method": "ngram", "num_speculative_tokens": 4})
+    for name in package:
+        runs[name] = (package[name], yours[name])
+    if chapter >= "ch03":
+        runs["cuda"] = cuda_seat.run(chapter, reach)
+    runs["_decode_tokens_per_s"] = decode_tokens_per_s
+    return runs
+
+
+def _preempting_budget(tokenizer, model: Model, max_tokens: int) -> dict:
+    """Engine arguments whose KV cache holds the longest of ENGINE_PROMPTS' sequences one and a half
+    times: all three start, then decoding runs out of blocks and the scheduler must preempt."""
+    longest = max(len(tokenizer.encode(p)) for p in ENGINE_PROMPTS) + max_tokens
+    blocks = -(-longest // ENGINE_BLOCK_SIZE) * 3 // 2
+    return {"block_size": ENGINE_BLOCK_SIZE, "kv_cache_bytes": blocks * ENGINE_BLOCK_SIZE * bytes_per_token(model.config)}
+
+
+def _learner_model(path: Path, chapter: str, reach: Reach) -> Model:
+    """The model on the learner's backend; with chapter 05's rope convention written, its Q/K rows
+    put in Hugging Face order by it (loader.unpermute_qk_rows, swapped) and rotated by halves."""
+    backend = learner_backend(reach)
+    reach.clear()  # the backend's probes called the kernels once each: only what the model runs counts
+    config, weights = loader.read_weights(path)
+    if chapter >= "ch05" and written("ch05_rope_convention") and config.rope_style == "pairs":
+        layers = [dataclasses.replace(layer, wq=loader.unpermute_qk_rows(layer.wq, config.n_heads),
+                                      wk=loader.unpermute_qk_rows(layer.wk, config.n_kv_heads))
+                  for layer in weights.layers]
+        config, weights = dataclasses.replace(config, rope_style="half"), dataclasses.replace(weights, layers=layers)
+    return Model(config, weights, backend)
+
+
+def _single(model: Model, tokenizer, prompt: str, params: SamplingParams, int8_kv: bool = False):
+    """(tokens, decode tokens/s) of one request on a contiguous cache (int8 K/V if asked)."""
+    generation = Generation(model, tokenizer, tokenizer.encode(prompt), params)
+    if int8_kv:
+        generation.cache = Int8KVCache(model.config, 1, generation.cache.max_len)
+    tokens = generation.run().token_ids
+    tpot = generation.timings().tpot_s
+    return [tokens], (1 / tpot if tpot else None)
+
+
+def _engine(path: Path, model: Model, prompts: list[str], params: SamplingParams, **engine_args):
+    """(tokens of each prompt, preemptions) through the paged engine running ``model``."""
+    with _loading(model):
+        llm = LLM(path, **engine_args)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outputs], llm.engine.stats().num_preemptions
+    finally:
+        llm.close()
+
+
+@contextlib.contextmanager
+def _loading(model: Model):
+    """LLM(...) builds its engine on ``model`` instead of loading one."""
+    import minillm.llm as llm_module
+    original = llm_module.load_model
+    llm_module.load_model = lambda *args, **kwargs: model
+    try:
+        yield
+    finally:
+        llm_module.load_model = original
+
+
+# ----------------------------------------------------------------------------------------------
+# chapter 01: the prediction the greedy run measures
+
+def _prediction(path: Path, chapter: str, reach: Reach, measured: float | None) -> list[str]:
+    """Chapter 01's decode ceiling and roofline, the learner's functions, on this machine's measured
+    bandwidth and FLOP/s and SmolLM2's bytes, beside the decode speed the package's greedy run measured."""
+    if not (written("ch01_decode_ceiling") and written("ch01_roofline")):
+        return ["\nchapter 01: write attainable_flops and decode_ceiling_tokens_per_s to predict the decode speed"]
+    from minillm.hardware.microbench import MIB, fma_flops, measure_bandwidth
+
+    n_params, n_bytes = _weights_read_per_token(loader.read_weights(path)[1])
+    bandwidth = measure_bandwidth("read", 512 * MIB, repeats=3).bandwidth_gbs * 1e9
+    peak = fma_flops().gflops * 1e9
+    pieces = {name: reach.counted(marker, fn) for marker in ("ch01_roofline", "ch01_decode_ceiling")
+              for name, fn in learner_pieces(marker).items()}
+    try:
+        ceiling = float(pieces["decode_ceiling_tokens_per_s"](n_params, n_bytes / n_params, bandwidth))
+        intensity = 2 * n_params / n_bytes  # FLOP per byte of a decode step: 2 per weight read
+        roof = float(pieces["attainable_flops"](intensity, peak, bandwidth))
+    except Exception as err:  # the learner's code raised: say so, the runs above stand
+        return [f"\nchapter 01: your functions raised {type(err).__name__}: {err}"]
+    lines = [f"\nchapter 01, your functions on this machine ({bandwidth / 1e9:.1f} GB/s DRAM read, "
+             f"{peak / 1e9:.0f} GFLOP/s FMA), SmolLM2 reading {n_bytes / 1e6:.0f} MB a token:",
+             f"  decode ceiling     {ceiling:7.1f} tok/s",
+             f"  roofline at {intensity:.2f} FLOP/byte: {roof / 1e9:.1f} GFLOP/s -> {roof / (2 * n_params):7.1f} tok/s"]
+    if measured:
+        lines.append(f"  measured (the package's greedy run above): {measured:.1f} tok/s, "
+                     f"{measured / ceiling:.0%} of the ceiling")
+    return lines
+
+
+def _weights_read_per_token(weights) -> tuple[int, int]:
+    """(parameters, bytes) a decode step reads: every layer's matrices and norms, the final norm and
+    the LM head (the embedding table of a tied model); the embedding lookup reads one row only."""
+    from minillm.kernels.cpu.quant import QMatrix
+
+    def size(w) -> tuple[int, int]:
+        if isinstance(w, QMatrix):
+            return w.shape[0] * w.shape[1], w.data.nbytes
+        return w.size, w.nbytes
+
+    tensors = [weights.final_norm, weights.lm_head]
+    for layer in weights.layers:
+        tensors += [layer.attn_norm, layer.mlp_norm, layer.wo, layer.w_down, *layer.qkv, *layer.gate_up]
+    sizes = [size(t) for t in tensors]
+    return sum(n for n, _ in sizes), sum(b for _, b in sizes)
+
+
+# ----------------------------------------------------------------------------------------------
+# the table
+
+def _piece(marker: str, reach: Reach) -> Piece:
+    seat = SEATS[marker]
+    if seat.kind == HOOK:
+        return Piece(marker, "package (no seat yet)", 0, seat.note)
+    if seat.kind == KERNEL:
+        from minillm.kernels.registry import get_backend
+        whose = get_backend("exercises").tasks[marker]
+        whose = "yours" if whose.startswith("yours") else whose
+    elif seat.kind == CUDA:
+        whose = cuda_seat.whose(marker)
+    else:
+        whose = "yours" if written(marker) else "package (not written yet)"
+    where = seat.note if seat.kind in (KERNEL, CALL, CUDA) else ", ".join(
+        f"{m}.{a}" for m, a in seat.targets) + (f" - {seat.note}" if seat.note else "")
+    return Piece(marker, whose, reach[marker] if whose == "yours" else 0, where)
+
+
+def _print_pieces(chapter: str, pieces: list[Piece]) -> None:
+    print(f"SmolLM2 on your code, chapters 01-{chapter[2:]}:")
+    width = max(len(p.task) for p in pieces)
+    for p in pieces:
+        reached = f"reached {p.reached}x" if p.reached else ("NOT REACHED" if p.whose == "yours" else "")
+        print(f"  {p.task:<{width}}  {p.whose[:48]:<48}  {reached:<14}  {p.where}")
+    if not any(p.whose == "yours" for p in pieces):
+        print("Nothing is yours yet: every piece is the package's, so both runs below are the package's.")
 
 
 def _print_tokens(path: Path, prompt: str, result: YourCodeResult) -> None:
     tokenizer = load_tokenizer(path)
-    print(f"\nprompt: {prompt!r}")
+    print(f"\ngreedy, prompt {prompt!r}:")
     print(f"  {'#':>3}  {'package':<22}{'yours':<22}")
-    for i in range(max(len(result.package_tokens), len(result.your_tokens))):
-        theirs = result.package_tokens[i] if i < len(result.package_tokens) else None
-        mine = result.your_tokens[i] if i < len(result.your_tokens) else None
+    package, yours = result.package_tokens, result.your_tokens
+    for i in range(max(len(package), len(yours))):
+        theirs = package[i] if i < len(package) else None
+        mine = yours[i] if i < len(yours) else None
         cell = lambda t: "-" if t is None else f"{t} {tokenizer.decode([t])!r}"  # noqa: E731
         print(f"  {i:>3}  {cell(theirs):<22}{cell(mine):<22}{'' if theirs == mine else '<- differs'}")
-    print("the same tokens" if result.equal else "the tokens differ: check() the pieces marked yours")
+    for name, (theirs, mine) in result.runs.items():
+        if name != "greedy":
+            print(f"{name}: {'the same' if theirs[0] == mine[0] else 'NOT the same'} as the package's "
+                  f"({_describe(name, theirs)})")
+    print("the same tokens in every run" if result.equal else "the runs differ: check() the pieces marked yours")
+
+
+def _describe(name: str, outcome: tuple) -> str:
+    tokens, extra = outcome
+    if name in ("engine", "speculate"):
+        return f"{len(tokens)} requests, {sum(map(len, tokens))} tokens, {extra} preemptions"
+    if name == "cuda":
+        return f"a tiny model's argmax tokens on {extra}"
+    return f"{sum(map(len, tokens))} tokens"

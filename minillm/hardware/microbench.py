@@ -112,14 +112,17 @@ class BandwidthPoint:
     threads: int
 
 
+BUDGET_S = 0.25  # seconds of repeated timings per figure, at least (see best_time)
+
+
 def measure_bandwidth(kernel: str, working_set_bytes: int, threads: int | None = None,
-                      repeats: int = 10, min_bytes: int = 32 * MIB) -> BandwidthPoint:
+                      repeats: int = 10, min_bytes: int = 32 * MIB, budget_s: float = BUDGET_S) -> BandwidthPoint:
     """Stream ``working_set_bytes`` of float32 arrays through one kernel; best of ``repeats``.
 
     read: sum(a); copy: b[:] = a; triad: a[:] = b + s*c. Each timing moves at least ``min_bytes``
     (several passes for small working sets). Write-allocate traffic is not counted, as in STREAM.
-    Many short timings rather than a few long ones: on a busy machine, the more chances a timing
-    has to run undisturbed, the better the best of them.
+    Many short timings rather than a few long ones, for at least ``budget_s`` seconds: on a busy
+    machine, the more chances a timing has to run undisturbed, the better the best of them.
     """
     if kernel not in ARRAYS_PER_KERNEL:
         raise ValueError(f"unknown bandwidth kernel {kernel!r}; choose one of {BANDWIDTH_KERNELS}")
@@ -134,7 +137,7 @@ def measure_bandwidth(kernel: str, working_set_bytes: int, threads: int | None =
     moved = 4 * n * n_arrays
     reps = max(1, math.ceil(min_bytes / moved))
     _run_bandwidth_kernel(kernel, arrays, 1, threads)   # compile (or load from cache), warm the caches
-    seconds = best_time(lambda: _run_bandwidth_kernel(kernel, arrays, reps, threads), repeats)
+    seconds = best_time(lambda: _run_bandwidth_kernel(kernel, arrays, reps, threads), repeats, budget_s)
     return BandwidthPoint(kernel, moved, moved * reps / seconds / 1e9, threads)
 
 
@@ -260,23 +263,24 @@ class PeakFlops:
     threads: int | None       # None: the BLAS library chooses
 
 
-def gemm_flops(n: int = 1024, repeats: int = 10) -> PeakFlops:
+def gemm_flops(n: int = 1024, repeats: int = 10, budget_s: float = BUDGET_S) -> PeakFlops:
     """FP32 ``a @ b`` with n x n matrices through NumPy's BLAS: 2 n^3 FLOP."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)   # (n, n)
     b = rng.standard_normal((n, n), dtype=np.float32)   # (n, n)
     a @ b   # the BLAS library starts its threads on the first call
-    seconds = best_time(lambda: a @ b, repeats)
+    seconds = best_time(lambda: a @ b, repeats, budget_s)  # threaded BLAS: the same barrier problem
     return PeakFlops("numpy matmul (BLAS)", 2 * n**3 / seconds / 1e9, None)
 
 
-def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 30) -> PeakFlops:
+def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 30,
+              budget_s: float = BUDGET_S) -> PeakFlops:
     """A Numba loop of FMAs on independent accumulators, one copy per thread."""
     threads = threads or numba.get_num_threads()
     if not 1 <= threads <= numba.get_num_threads():
         raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
     _fma_kernel(1, threads)
-    seconds = best_time(lambda: _fma_kernel(iters, threads), repeats)
+    seconds = best_time(lambda: _fma_kernel(iters, threads), repeats, budget_s)
     return PeakFlops("numba FMA loop", 2 * FMA_LANES * iters * threads / seconds / 1e9, threads)
 
 
@@ -370,11 +374,18 @@ def latency_by_level(points: list[LatencyPoint], machine: Machine) -> dict[str, 
     return per_level(points, level_capacities(machine, 1), "latency_ns", statistics.median)
 
 
-def best_time(run, repeats: int) -> float:
-    """Seconds of the fastest of ``repeats`` calls of ``run()``."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
+def best_time(run, repeats: int, budget_s: float = 0.0) -> float:
+    """Seconds of the fastest call of ``run()``: at least ``repeats`` calls, and more until
+    ``budget_s`` seconds have passed. On a machine shared with other work, a multi-threaded call
+    that finishes in under a millisecond (an L3-sized read) is timed whole only when every thread
+    kept its core throughout; one preempted thread makes the others wait at the barrier for a
+    scheduler time slice (milliseconds), so a fixed handful of repeats can all be disturbed and
+    report a fraction of the true bandwidth. Calls until a time budget leave enough of them that
+    some run undisturbed: the best of them is what the hardware can do."""
+    best, calls, start = math.inf, 0, time.perf_counter()
+    while calls < repeats or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
         run()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.perf_counter() - t0)
+        calls += 1
     return best
