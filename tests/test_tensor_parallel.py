@@ -155,7 +155,7 @@ def test_rank0_holds_only_its_shard(groups, oracles):
 
 
 @pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 4},
-                                  {"method": "self", "num_speculative_tokens": 3, "num_draft_layers": 8}],
+                                  {"method": "self", "num_speculative_tokens": 3, "num_draft_layers": 22}],
                          ids=["ngram", "early-exit"])
 def test_speculation_on_2_ranks_gives_one_process_greedy_tokens(groups, oracles, model_paths, spec):
     """What LLM(tensor_parallel_size=2, speculative=spec) builds: the group's engine with a drafter.
