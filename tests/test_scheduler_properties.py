@@ -23,7 +23,7 @@ BLOCK_SIZE, BUDGET, MAX_SEQS, K = 4, 16, 4, 3
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1}
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "size": {"type": "integer"}},
           "required": ["color", "size"]}
-ALPHABET = [300, 301, 302, 17, 42]   # few distinct ids: prompts repeat themselves, so prompt lookup drafts
+ALPHABET_SIZE = 6  # prompts draw from few ids, so that prompt lookup finds matches and drafts
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,19 @@ def tiny(tmp_path_factory, smollm2_path):
                          tie_word_embeddings=True)
     path = tmp_path_factory.mktemp("tiny-properties")
     LlamaForCausalLM(config).eval().save_pretrained(path)
-    return load_model(path), load_tokenizer(smollm2_path), {}
+    model, tok = load_model(path), load_tokenizer(smollm2_path)
+    # The ids: tokens this model itself produces, so that prompts shuffling them make prompt lookup
+    # propose what the model might say next - sometimes right, often wrong: drafts get rejected too.
+    engine = LLMEngine(model, tok, kv_cache_bytes=64 * bytes_per_token(model.config) * BLOCK_SIZE, block_size=BLOCK_SIZE)
+    alphabet = []
+    for start in range(300, 400):
+        rid = engine.add_request([start], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        alphabet += [t for t in [start, *engine.pop_request(rid).outputs[0].token_ids] if t not in alphabet]
+        if len(alphabet) >= ALPHABET_SIZE:
+            return model, tok, {}, alphabet[:ALPHABET_SIZE]
+    raise AssertionError("the tiny model repeats itself too much for a varied alphabet")
 
 
 def params_of(req):
@@ -46,7 +58,7 @@ def params_of(req):
 
 def alone(tiny, req):
     """The oracle: the request by itself on a roomy cache, no speculation -> its completion's token ids."""
-    model, tok, memo = tiny
+    model, tok, memo, _ = tiny
     key = (tuple(req["prompt"]), req["max_tokens"], req["guided"])
     if key not in memo:
         engine = LLMEngine(model, tok, kv_cache_bytes=256 * bytes_per_token(model.config) * BLOCK_SIZE,
@@ -76,22 +88,23 @@ def check_blocks(engine):
 
 
 requests = st.fixed_dictionaries({
-    "prompt": st.one_of(st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=8),
-                        st.lists(st.sampled_from(ALPHABET), min_size=BUDGET + 1, max_size=40)),  # chunked prefill
+    "prompt": st.one_of(st.lists(st.integers(0, ALPHABET_SIZE - 1), min_size=1, max_size=8),   # letters
+                        st.lists(st.integers(0, ALPHABET_SIZE - 1), min_size=BUDGET + 1, max_size=40)),  # chunked
     "max_tokens": st.integers(1, 10),
-    "n": st.sampled_from([1, 1, 2]),
+    "n": st.sampled_from([1, 2]),
     "guided": st.booleans(),
     "arrival": st.integers(0, 4),
     "abort_at": st.none() | st.none() | st.integers(0, 8),
 })
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
-@given(workload=st.lists(requests, min_size=1, max_size=5), speculate=st.booleans(), spare_blocks=st.integers(0, 4))
+@given(workload=st.lists(requests, min_size=1, max_size=5), speculate=st.booleans(), spare_blocks=st.integers(0, 2))
 def test_random_workloads_keep_the_accounting_and_give_the_one_at_a_time_tokens(tiny, workload, speculate,
                                                                                  spare_blocks):
-    model, tok, _ = tiny
+    model, tok, _, alphabet = tiny
+    workload = [{**r, "prompt": [alphabet[i] for i in r["prompt"]]} for r in workload]
     # the longest sequence fits alone (+ 1: the copy of a fork's shared tail): anything more may preempt
     need = max(-(-(len(r["prompt"]) + r["max_tokens"]) // BLOCK_SIZE) + 1 for r in workload)
     engine = LLMEngine(model, tok, kv_cache_bytes=(need + spare_blocks) * bytes_per_token(model.config) * BLOCK_SIZE,
@@ -118,6 +131,7 @@ def test_random_workloads_keep_the_accounting_and_give_the_one_at_a_time_tokens(
     assert not engine.has_unfinished()
     stats = engine.stats()   # what the workload exercised (pytest --hypothesis-show-statistics)
     for name, happened in (("preemption", stats.num_preemptions), ("drafts accepted", stats.spec_decode_num_accepted_tokens),
+                           ("drafts rejected", stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens),
                            ("n > 1", any(r["n"] > 1 for r in workload)), ("chunked prefill", any(len(r["prompt"]) > BUDGET for r in workload))):
         if happened:
             event(name)
