@@ -108,7 +108,7 @@ def group_forward(group: TensorParallelGroup):
     rank0_cache = PagedKVCache(group.model.config, NUM_BLOCKS, BLOCK_SIZE)
 
     def forward(ids, meta, _):
-        group.send("step", [], ids, meta)
+        group.send("step", [], ids, meta, None)   # no copies; every layer
         return group.forward(ids, meta, rank0_cache)
     return forward
 
