@@ -6,7 +6,8 @@ Three pieces of the engine's step, each with exactly the signature of the packag
     .venv/bin/python -m pytest tests/test_ch08_exercises.py \
         -m "ch08_schedule_step or ch08_preemption or ch08_batched_sampling" --impl=exercises
 
-Task 1 (ch08_schedule_step)    Scheduler: one step's batch under a token budget and a sequence cap
+Task 1 (ch08_schedule_step)    Scheduler: one step's plan under a token budget and a sequence cap, and
+                               what the step did (update_from_output)
 Task 2 (ch08_preemption)       choose_victim and Scheduler.preempt: out of KV blocks, who gives way
 Task 3 (ch08_batched_sampling) Sampler.sample: one token for every row of a logits batch
 
@@ -23,7 +24,9 @@ from minillm.generation.sampling import (  # noqa: F401  (chapter 06's pieces, y
     top_n, top_p_filter,
 )
 from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.scheduler import ScheduledSeq, SchedulerOutput  # noqa: F401  (what schedule returns)
+from minillm.runtime.scheduler import (  # noqa: F401  (the step's messages)
+    ADMISSION_SHARE, Emit, RunnerOutput, ScheduledSeq, SchedulerOutput,
+)
 from minillm.runtime.sequence import Sequence, Status  # noqa: F401
 
 REFERENCE = {
@@ -44,58 +47,58 @@ TASKS = {
 # Task 1: one scheduling step
 
 class Scheduler:
-    """A first-come-first-served waiting queue, the running set and the block manager.
+    """The step's owner: which sequences compute which tokens, their KV slots, and what the step did.
 
-    State (the tests read these):
-      - ``self.block_manager``, ``self.max_num_seqs``, ``self.max_num_batched_tokens``: as given.
-        Raise ValueError if either limit is < 1.
-      - ``self.waiting``: a ``collections.deque`` of Sequences not admitted yet, oldest first.
-      - ``self.running``: a list of admitted Sequences *in admission order* (oldest first).
-      - ``self.num_preemptions``: how many preemptions so far (task 2).
+    The engine's step is ``plan = schedule()`` -> ``output = runner.execute(plan)`` ->
+    ``update_from_output(plan, output, emit)`` -> drafters propose. Your class is the only caller
+    of the block manager's allocation (chapter 07): ``can_allocate(id, token_ids)``,
+    ``allocate(id, token_ids) -> cached tokens``, ``allocate_slots(id, num_computed_tokens,
+    num_new_tokens, num_lookahead_tokens=0) -> copy-on-write pairs, or None when the pool is
+    short`` (nothing changed then), ``truncate(id, n)``, ``mark_computed(id, token_ids, n)``,
+    ``fork(parent_id, child_id)``, ``free(id)``, ``num_slots(id)``.
 
-    A ``Sequence`` (minillm/runtime/sequence.py) knows its ``seq_id``, ``token_ids`` (prompt then
-    output), ``num_tokens``, ``num_computed`` (leading tokens whose K/V are in the cache),
-    ``num_uncomputed`` and ``status``. The block manager (chapter 07) gives KV blocks:
-    ``can_allocate(seq_id, token_ids)``, ``allocate(...) -> cached tokens``,
-    ``num_slots(seq_id)``, ``can_append(seq_id)``, ``append_slot(seq_id, token_ids) -> (slot,
-    copy)``, ``mark_computed(seq_id, token_ids, n)``, ``free(seq_id)``.
+    State (the tests read these): ``block_manager``, ``max_num_seqs``, ``max_num_batched_tokens``
+    as given (ValueError if either limit is < 1); ``waiting``, a ``collections.deque`` oldest
+    first; ``running``, a list in admission order; ``num_preemptions``.
 
-    Methods:
-      add(seq)                   queue a new sequence at the back of ``waiting``.
-      has_unfinished() -> bool   anything waiting or running.
-      schedule() -> SchedulerOutput
-                                 the next step's batch (below).
-      mark_computed(scheduled)   after the forward: for each ScheduledSeq, ``num_computed`` grows by
-                                 ``num_new`` and the block manager is told (``mark_computed``), so
-                                 full blocks become reusable by other prompts.
-      finish(seq)                a finished (or aborted) sequence leaves ``running`` (freeing its
-                                 blocks) or ``waiting``; its status becomes FINISHED.
-      preempt(seq)               task 2.
+    A ``Sequence`` (minillm/runtime/sequence.py) has no phase. It has ``num_tokens`` tokens
+    (``token_ids``: prompt, then output), the first ``num_computed_tokens`` of them in the cache,
+    perhaps ``draft_ids`` (a drafter's guesses, to verify) and ``forks`` (n > 1: sequences that
+    share its prompt). ``num_tokens_with_spec - num_computed_tokens`` tokens are still to compute.
 
-    ``schedule`` builds one batch under two limits: ``budget = max_num_batched_tokens`` tokens in
-    all, and at most ``max_num_seqs`` sequences running.
-
-      1. Every running sequence, oldest first, while budget is left:
-         - if it holds fewer slots than tokens (``bm.num_slots(id) < seq.num_tokens``) it is
-           decoding: its newest token needs a slot. Take one with ``bm.append_slot(id,
-           seq.token_ids)``; if the returned copy is not None, add it to ``out.copies``. It
-           runs 1 token. (Out of blocks - ``not bm.can_append(id)`` - is task 2: preempt
-           ``choose_victim(self.running)`` with ``self.preempt`` and record it in
-           ``out.preempted`` until the sequence can append; if the sequence itself was the
-           victim, stop step 1 - every sequence after it was preempted before it.)
-         - otherwise it is in the middle of a prompt (chunked prefill): it runs
-           ``min(seq.num_uncomputed, budget)`` tokens.
-         Append ``ScheduledSeq(seq, num_new)`` to ``out.scheduled`` and take num_new off the budget.
-      2. Then admit waiting sequences from the head of the queue, while budget is left, fewer
-         than ``max_num_seqs`` are running, nothing was preempted in this step, and the block
-         manager can allocate the head's ``token_ids``. Stop at the first that does not fit -
-         first come, first served, no overtaking. Admitting: ``bm.allocate`` returns how many
-         leading tokens were found in the prefix cache, which become ``seq.num_computed``;
-         the status becomes RUNNING; the sequence joins the end of ``running``; it runs
-         ``min(seq.num_uncomputed, budget)`` tokens.
-
-    ``schedule`` changes no ``num_computed`` of a running sequence: ``mark_computed`` does, after the
-    forward. Return the SchedulerOutput (an empty one when there is nothing to do).
+    schedule() -> SchedulerOutput
+        Inputs: the queues. Output: ``scheduled``, a list of ``ScheduledSeq(seq, num_new, draft,
+        forks)`` (num_new counts the draft tokens scheduled, the last ``len(draft)`` of them),
+        ``copies`` (every copy-on-write pair allocate_slots returned) and ``preempted``.
+        Invariants the tests check:
+          - at most ``max_num_batched_tokens`` tokens in all, every ScheduledSeq with num_new >= 1,
+            at most ``max_num_seqs`` sequences running;
+          - every scheduled token has a KV slot;
+          - running sequences with one token left to compute (plus their draft, cut to the budget)
+            go first, oldest first; then the other running sequences' next chunks, leaving
+            ``max_num_batched_tokens // ADMISSION_SHARE`` tokens to admissions while any wait;
+            then admissions, first come first served, none overtaking, none while preempting;
+          - out of blocks: a draft is dropped first; then ``choose_victim(self.running)`` is
+            preempted (task 2), until the slots fit or the sequence itself gave way;
+          - an admitted sequence starts at the tokens the prefix cache holds (``allocate``);
+          - a sequence whose step computes the end of its prompt lists its ``forks``;
+          - nothing's ``num_computed_tokens`` changes but an admitted sequence's.
+    update_from_output(plan, output, emit) -> list
+        Inputs: the plan; a ``RunnerOutput`` whose ``token_ids[seq_id]`` are the tokens each
+        sampling sequence (``ScheduledSeq.samples``) and each fork got - one, or after a verify
+        the kept draft tokens then the rule's own; ``emit(seq, token_id, logprobs)``, called
+        after each token is appended (``seq.append_token``), returning an object whose
+        ``finished`` says the sequence is done. Output: emit's results, in order.
+        Invariants: every scheduled token is now computed, rejected draft tokens are not;
+        forks are forked (``fork``) before their first token; a sequence whose emit says
+        finished is finished (``finish``) and gets no later token; tokens the constraint forces
+        (``seq.forced_tokens()``) are appended after the drawn ones; a sequence that sampled
+        holds slots for exactly its computed tokens (the rest go back: ``truncate``), and the
+        block manager knows what is computed (``mark_computed``); ``ScheduledSeq.num_accepted``
+        is the number of draft tokens kept and appended; ``draft_ids`` are consumed.
+    allocate_lookahead(seq, n) -> copies or None   slots for a drafter's n K/V writes past the
+        computed tokens (``allocate_slots`` with lookahead); never preempts.
+    add(seq), has_unfinished(), fork(parent, child), finish(seq), preempt(seq) (task 2): below.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 32, max_num_batched_tokens: int = 512):
@@ -110,14 +113,22 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError("chapter 8, task 1")
 
-    def mark_computed(self, scheduled: list[ScheduledSeq]) -> None:
+    def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput, emit: Emit) -> list:
+        raise NotImplementedError("chapter 8, task 1")
+
+    def allocate_lookahead(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int]] | None:
+        raise NotImplementedError("chapter 8, task 1")
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares the parent's blocks (``block_manager.fork``), starts computed as far as the
+        parent, is RUNNING and joins the end of ``running``."""
         raise NotImplementedError("chapter 8, task 1")
 
     def preempt(self, seq: Sequence) -> None:
         """Task 2. Preemption by recompute: the sequence gives back all its KV blocks
         (``block_manager.free``), leaves ``running``, and waits at the *front* of ``waiting``
-        (``appendleft``: it is older than every waiting request) with status WAITING and
-        ``num_computed = 0``: when it is admitted again, its prompt and the output so far are
+        (``appendleft``: it is older than every waiting request) with status WAITING,
+        ``num_computed_tokens = 0`` and no draft: when it is admitted again, its prompt and the output so far are
         prefilled as one long prompt (the prefix cache may still hold some of its blocks).
         Count it in ``seq.num_preemptions`` and ``self.num_preemptions``.
         """

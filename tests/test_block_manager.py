@@ -148,6 +148,13 @@ def test_block_hash_names_the_whole_prefix(impl):
 # the block manager, by hand
 
 
+def append_one(bm, seq):
+    """A decode step's slot: one token after every held slot -> (its slot, the copy-on-write pairs)."""
+    n = bm.num_slots(seq)
+    copies = bm.allocate_slots(seq, n, 1)
+    return (None if copies is None else slot_mapping(bm.block_table(seq), [n], bm.block_size)[0]), copies
+
+
 def test_blocks_grow_one_at_a_time_and_slots_follow_the_table():
     bm = BlockManager(num_blocks=8, block_size=4)
     tokens = list(range(100, 106))                      # 6 tokens: 2 blocks
@@ -157,13 +164,13 @@ def test_blocks_grow_one_at_a_time_and_slots_follow_the_table():
     assert bm.usage == pytest.approx(2 / 8)
     for new in (106, 107):                              # positions 6, 7 fill the second block
         tokens.append(new)
-        slot, copy = bm.append_slot("a", tokens)
-        assert copy is None and slot == table[1] * 4 + (len(tokens) - 1) % 4
+        slot, copies = append_one(bm, "a")
+        assert copies == [] and slot == table[1] * 4 + (len(tokens) - 1) % 4
         assert bm.block_table("a") == table
     tokens.append(108)                                  # position 8: the last block is full
-    slot, copy = bm.append_slot("a", tokens)
+    slot, copies = append_one(bm, "a")
     new_table = bm.block_table("a")
-    assert copy is None and len(new_table) == 3 and new_table[:2] == table and slot == new_table[2] * 4
+    assert copies == [] and len(new_table) == 3 and new_table[:2] == table and slot == new_table[2] * 4
     bm.free("a")
     assert bm.num_free_blocks == 8 and bm.usage == 0.0
 
@@ -182,15 +189,11 @@ def test_exhaustion_is_reported_not_raised_and_changes_nothing():
     with pytest.raises(RuntimeError):
         bm.allocate("b", [1])
     assert "b" not in bm.seqs and bm.num_free_blocks == 0
-    tokens = list(range(9))
-    assert bm.can_append("a")                           # position 9 fits in the third block
-    bm.append_slot("a", tokens + [9])
-    bm.append_slot("a", tokens + [9, 10])
-    bm.append_slot("a", tokens + [9, 10, 11])
-    assert not bm.can_append("a")                       # position 12 needs a fourth block
-    with pytest.raises(RuntimeError):
-        bm.append_slot("a", tokens + [9, 10, 11, 12])
-    assert len(bm.block_table("a")) == 3
+    assert bm.allocate_slots("a", 9, 3) == []           # positions 9..11 fit in the third block
+    table = bm.block_table("a")
+    assert bm.allocate_slots("a", 9, 4) is None         # position 12 needs a fourth block: refused ...
+    assert bm.allocate_slots("a", 12, 1) is None
+    assert bm.block_table("a") == table and bm.num_slots("a") == 12  # ... and nothing changed
 
 
 def test_misuse_raises_clear_errors():
@@ -200,10 +203,12 @@ def test_misuse_raises_clear_errors():
         bm.allocate("a", [1])
     with pytest.raises(ValueError, match="empty prompt"):
         bm.allocate("b", [])
-    with pytest.raises(ValueError, match="token ids"):
-        bm.append_slot("a", [1, 2, 3])                  # must pass the new token too
+    with pytest.raises(ValueError, match="after its first 4"):
+        bm.allocate_slots("a", 4, 1)                    # only 3 slots: token 4 cannot be computed yet
+    with pytest.raises(ValueError, match="cannot write -1"):
+        bm.allocate_slots("a", 3, -1)
     with pytest.raises(KeyError, match="'zz'"):
-        bm.append_slot("zz", [1])
+        bm.allocate_slots("zz", 0, 1)
     with pytest.raises(ValueError, match="already holds"):
         bm.fork("a", "a")
     bm.free("a")
@@ -219,12 +224,12 @@ def test_fork_shares_every_block_and_copies_on_the_first_write_to_a_partial_one(
     shared = bm.block_table("parent")
     assert bm.block_table("child") == shared and bm.num_used_blocks == 2
     assert all(bm.pool.blocks[b].ref_count == 2 for b in shared)
-    slot, copy = bm.append_slot("parent", prompt + [7])
+    slot, copies = append_one(bm, "parent")
     parent_table = bm.block_table("parent")
-    assert copy == (shared[1], parent_table[1]) and parent_table[0] == shared[0]
+    assert copies == [(shared[1], parent_table[1])] and parent_table[0] == shared[0]
     assert slot == parent_table[1] * 4 + 2
-    slot, copy = bm.append_slot("child", prompt + [8])  # the child now owns the old block alone
-    assert copy is None and slot == shared[1] * 4 + 2 and bm.block_table("child") == shared
+    slot, copies = append_one(bm, "child")              # the child now owns the old block alone
+    assert copies == [] and slot == shared[1] * 4 + 2 and bm.block_table("child") == shared
     assert bm.pool.blocks[shared[0]].ref_count == 2     # the full block stays shared
     bm.free("parent")
     bm.free("child")
@@ -236,9 +241,9 @@ def test_fork_at_a_block_boundary_needs_no_copy():
     prompt = [1, 2, 3, 4]
     bm.allocate("parent", prompt)
     bm.fork("parent", "child")
-    for seq, token in (("parent", 5), ("child", 6)):
-        slot, copy = bm.append_slot(seq, prompt + [token])
-        assert copy is None and slot % 4 == 0
+    for seq in ("parent", "child"):
+        slot, copies = append_one(bm, seq)
+        assert copies == [] and slot % 4 == 0
     assert bm.block_table("parent")[0] == bm.block_table("child")[0]
     assert bm.block_table("parent")[1] != bm.block_table("child")[1]
 
@@ -271,14 +276,14 @@ def test_blocks_are_shared_only_once_computed():
     assert bm.allocate("d", prompt) == 8
 
 
-def test_decode_blocks_become_cached_without_an_explicit_call():
+def test_slots_alone_never_make_a_block_reusable():
     bm = BlockManager(num_blocks=16, block_size=4)
-    tokens = [1, 2, 3]
-    bm.allocate("a", tokens)
-    for new in (4, 5):                                  # position 3 fills block 0; at position 4 it is computed
-        tokens = tokens + [new]
-        bm.append_slot("a", tokens)
-    assert bm.allocate("b", [1, 2, 3, 4, 0]) == 4
+    tokens = [1, 2, 3, 4, 5]
+    bm.allocate("a", tokens[:3])
+    bm.allocate_slots("a", 3, 2)                        # slots for positions 3, 4: block 0 is full of slots
+    assert bm.allocate("b", tokens + [0]) == 0          # ... but not computed
+    bm.mark_computed("a", tokens, 5)
+    assert bm.allocate("c", tokens + [0]) == 4
 
 
 def test_freed_prefix_blocks_stay_cached_until_evicted_least_recently_freed_first():
@@ -328,8 +333,8 @@ def test_release_tail_gives_back_exactly_the_blocks_past_the_new_end(impl):
 def test_lookahead_slots_then_truncate_free_whole_blocks_only():
     bm = BlockManager(num_blocks=8, block_size=4)
     bm.allocate("a", [1, 2, 3, 4, 5, 6])                # 2 blocks, 6 slots
-    assert bm.can_append_slots("a", 7) and not bm.can_append_slots("a", 6 * 4 + 3)
-    assert bm.append_lookahead_slots("a", 7) is None     # 13 slots: 4 blocks
+    assert bm.allocate_slots("a", 6, 0, 6 * 4 + 3) is None  # more than the pool holds: refused
+    assert bm.allocate_slots("a", 6, 1, 6) == []         # 13 slots: 4 blocks
     table = bm.block_table("a")
     assert len(table) == 4 and bm.num_slots("a") == 13 and bm.num_free_blocks == 4
     bm.truncate("a", 9)                                  # 3 blocks left; the 4th is free again
@@ -350,7 +355,7 @@ def test_truncate_never_cuts_into_prefix_cached_blocks_nor_frees_shared_ones():
     with pytest.raises(ValueError, match="prefix-cached"):
         bm.truncate("a", 3)
     bm.fork("a", "b")                                    # b shares both blocks
-    assert bm.append_lookahead_slots("b", 3) is not None  # the shared partial tail is copied first
+    assert bm.allocate_slots("b", 6, 0, 3) == [(bm.block_table("a")[1], bm.block_table("b")[1])]  # tail copied
     bm.truncate("b", 4)                                  # b lets go of its private blocks ...
     shared = bm.block_table("a")[0]
     assert bm.block_table("b") == [shared] and bm.pool.blocks[shared].ref_count == 2  # ... never a's
@@ -412,25 +417,31 @@ class RandomWorkload(RuleBasedStateMachine):
         np.testing.assert_array_equal(self.storage[slots[:cached]], prompt[:cached])  # reused blocks hold the prompt
         self.storage[slots[cached:]] = prompt[cached:]                           # prefill the rest
         self.tokens[seq], self.registered[seq] = list(prompt), 0
-        if mark:                   # else the first append_slot registers the prompt's blocks
+        if mark:                   # else the next write registers the prompt's blocks
             self.bm.mark_computed(seq, prompt, len(prompt))
             self._report_computed(seq, len(prompt))
+
+    def _write(self, seq, tokens):
+        """A step writes ``tokens`` after every held slot (all computed); False if the pool is short."""
+        n = len(self.tokens[seq])
+        copies = self.bm.allocate_slots(seq, n, len(tokens))
+        if copies is None:
+            assert self.bm.num_free_blocks < len(tokens) + 1
+            return False
+        for src, dst in copies:
+            self.storage[dst * self.bs:(dst + 1) * self.bs] = self.storage[src * self.bs:(src + 1) * self.bs]
+        self.storage[slot_mapping(self.bm.block_table(seq), np.arange(n, n + len(tokens)), self.bs)] = tokens
+        return True
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), token=st.integers(0, 2))
     def append(self, data, token):
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
-        if not self.bm.can_append(seq):
-            assert self.bm.num_free_blocks == 0
+        if not self._write(seq, [token]):
             return
-        toks = self.tokens[seq] + [token]
-        slot, copy = self.bm.append_slot(seq, toks)
-        if copy is not None:
-            src, dst = copy
-            self.storage[dst * self.bs:(dst + 1) * self.bs] = self.storage[src * self.bs:(src + 1) * self.bs]
-        self.storage[slot] = token
-        self.tokens[seq] = toks
-        self._report_computed(seq, len(toks) - 1)
+        toks = self.tokens[seq] = self.tokens[seq] + [token]
+        self.bm.mark_computed(seq, toks, len(toks))
+        self._report_computed(seq, len(toks))
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), token=st.integers(0, 2), draft=st.lists(st.integers(0, 2), max_size=5))
@@ -438,26 +449,16 @@ class RandomWorkload(RuleBasedStateMachine):
         """A verify step: the newest token plus a draft get slots and are written; then a random
         number of draft tokens is accepted and the rest rolled back (as the engine does)."""
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
-        if not self.bm.can_append(seq):
+        if not self._write(seq, [token, *draft]):   # the verify forward writes every row's K/V
             return
         toks = self.tokens[seq] + [token]
-        slot, copy = self.bm.append_slot(seq, toks)
-        if copy is not None:
-            src, dst = copy
-            self.storage[dst * self.bs:(dst + 1) * self.bs] = self.storage[src * self.bs:(src + 1) * self.bs]
-        self._report_computed(seq, len(toks) - 1)
-        if not self.bm.can_append_slots(seq, len(draft)):
-            draft = []                       # no room for a draft: a plain decode step
-        assert self.bm.append_lookahead_slots(seq, len(draft)) is None  # append_slot made the tail private
         table = self.bm.block_table(seq)
-        slots = slot_mapping(table, np.arange(len(toks) - 1, len(toks) + len(draft)), self.bs)
-        self.storage[slots] = [token, *draft]  # the verify forward writes every row's K/V
         accepted = data.draw(st.integers(0, len(draft)))
         toks += draft[:accepted]
         free_before = self.bm.num_free_blocks
         self.bm.truncate(seq, len(toks))
         released = len(table) - len(self.bm.block_table(seq))
-        assert self.bm.num_free_blocks == free_before + released  # lookahead blocks are private: all come back
+        assert self.bm.num_free_blocks == free_before + released  # the draft's blocks are private: all come back
         self.bm.mark_computed(seq, toks, len(toks))
         self.tokens[seq] = toks
         self._report_computed(seq, len(toks))

@@ -16,24 +16,22 @@ import torch
 from minillm.generation.sampling import SamplingParams, SamplingState
 from minillm.runtime.block_manager import BlockManager
 from minillm.runtime.sequence import Status
-from test_scheduler import draw_token, make_seq, unpreempted_output
+from test_scheduler import make_seq, propose_drafts, unpreempted_output
+from test_scheduler import step as schedule_and_update
 
 # -----------------------------------------------------------------------------
 # the simulated engine loop
 
 
 def step(sched):
-    """One engine step without a model: schedule, 'compute', sample for sequences whose last token ran."""
-    plan = sched.schedule()
-    sampling = [x.seq for x in plan.scheduled if x.completes_prefill]  # before mark_computed() moves num_computed
-    sched.mark_computed(plan.scheduled)
-    for seq in sampling:
-        draw_token(sched, seq)
+    """One engine step without a model: schedule, 'compute' (a simulated runner), update -> the plan."""
+    plan, _ = schedule_and_update(sched)
     return plan
 
 
-def run_workload(s, workload, num_blocks, block_size, max_num_seqs, budget):
-    """workload: (prompt_len, max_tokens, arrival_step) per request. Checks the limits at every step."""
+def run_workload(s, workload, num_blocks, block_size, max_num_seqs, budget, draft_seed=None):
+    """workload: (prompt_len, max_tokens, arrival_step) per request. Checks the limits at every step.
+    ``draft_seed``: not None, a simulated drafter gives decoding sequences drafts after every step."""
     bm = BlockManager(num_blocks, block_size)
     sched = s.Scheduler(bm, max_num_seqs, budget)
     seqs = [make_seq(i, p, m) for i, (p, m, _) in enumerate(workload)]
@@ -51,6 +49,12 @@ def run_workload(s, workload, num_blocks, block_size, max_num_seqs, budget):
         assert all(x.num_new >= 1 for x in plan.scheduled), "a sequence scheduled with no token to run"
         admitted = [x.seq for x in plan.scheduled if x.seq in waiting_before]
         assert admitted == waiting_before[:len(admitted)], "admission is not first come, first served"
+        for x in plan.scheduled:
+            if x.samples and x.seq.status is Status.RUNNING:
+                assert bm.num_slots(x.seq.seq_id) == x.seq.num_computed_tokens, \
+                    "a sequence that sampled must hold slots for its computed tokens only"
+        if draft_seed is not None:
+            propose_drafts(sched, draft_seed)
     assert all(seq.status is Status.FINISHED for seq in seqs)
     assert bm.num_free_blocks == bm.num_blocks and not bm.seqs, "blocks leaked"
     for seq in seqs:
@@ -75,10 +79,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget(impl):
     seq = make_seq(0, 30, 2)
     sched.add(seq)
     chunks = []
-    while seq.num_computed < 30:
-        plan = sched.schedule()
+    while seq.num_computed_tokens < 30:
+        plan = step(sched)
         chunks.append([(x.seq, x.num_new) for x in plan.scheduled])
-        sched.mark_computed(plan.scheduled)
     assert chunks == [[(seq, 8)], [(seq, 8)], [(seq, 8)], [(seq, 6)]]
     assert seq.status is Status.RUNNING and sched.running == [seq] and not sched.waiting
 
@@ -97,7 +100,7 @@ def test_running_sequences_decode_first_and_a_new_prompt_takes_the_rest_of_the_b
     assert [(x.seq, x.num_new) for x in plan.scheduled] == [(a, 1), (b, 1), (c, 8)]
     plan = step(sched)
     assert [(x.seq, x.num_new) for x in plan.scheduled] == [(a, 1), (b, 1), (c, 8)]
-    assert c.num_computed == 16 and not c.output_ids            # mid-prefill: nothing sampled yet
+    assert c.num_computed_tokens == 16 and not c.output_ids            # mid-prefill: nothing sampled yet
 
 
 @pytest.mark.ch08_schedule_step
@@ -162,6 +165,39 @@ def test_every_request_finishes_once_with_its_own_tokens(impl, seed):
 
 
 @pytest.mark.ch08_schedule_step
+@pytest.mark.parametrize("seed", range(3))
+def test_drafts_are_verified_and_the_rejected_ones_give_back_their_slots(impl, seed):
+    s = impl("ch08_scheduler")
+    for workload in random_workloads(200 + seed, 8):
+        block_size = random.Random(seed).choice([1, 4])
+        num_blocks = sum(-(-(p + m) // block_size) + 1 for p, m, _ in workload)
+        for max_num_seqs, budget in ((4, 64), (3, 5)):
+            run_workload(s, workload, num_blocks, block_size, max_num_seqs, budget, draft_seed=seed)
+
+
+@pytest.mark.ch08_schedule_step
+def test_forks_share_the_prompt_and_copy_the_shared_tail_on_write(impl):
+    s = impl("ch08_scheduler")
+    bm = BlockManager(16, 4)
+    sched = s.Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    parent, child = make_seq(0, 6, 3), make_seq(1, 6, 3)
+    child.prompt_ids = parent.prompt_ids
+    parent.forks = [child]
+    sched.add(parent)
+    plan = step(sched)                                  # the prompt runs once; both draw from its row
+    assert [x.seq for x in plan.scheduled] == [parent] and plan.scheduled[0].forks == [child]
+    assert sched.running == [parent, child] and not parent.forks
+    assert bm.block_table(child.seq_id) == bm.block_table(parent.seq_id)   # shared: 6 tokens, 2 blocks
+    plan = step(sched)                                  # both write position 6 into the shared block 1
+    assert [(x.seq, x.num_new) for x in plan.scheduled] == [(parent, 1), (child, 1)]
+    assert len(plan.copies) == 1 and plan.copies[0][0] == bm.block_table(child.seq_id)[1]
+    while sched.has_unfinished():
+        step(sched)
+    assert parent.output_ids == child.output_ids == unpreempted_output(parent)
+    assert bm.num_free_blocks == bm.num_blocks and not bm.seqs
+
+
+@pytest.mark.ch08_schedule_step
 def test_limits_below_one_are_refused(impl):
     s = impl("ch08_scheduler")
     with pytest.raises(ValueError):
@@ -195,10 +231,10 @@ def test_preempt_frees_the_blocks_and_requeues_at_the_front(impl):
         sched.add(seq)
     step(sched)
     step(sched)
-    assert b.num_computed == bm.num_slots(b.seq_id) == 10 and b.num_tokens == 11
+    assert b.num_computed_tokens == bm.num_slots(b.seq_id) == 10 and b.num_tokens == 11
     free_before = bm.num_free_blocks
     sched.preempt(b)
-    assert b.status is Status.WAITING and b.num_computed == 0 and b.num_preemptions == 1
+    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert sched.num_preemptions == 1 and sched.running == [a] and list(sched.waiting) == [b, c]
     assert bm.num_free_blocks == free_before + 3 and b.seq_id not in bm.seqs  # 10 slots: 3 blocks of 4
     plan = step(sched)                     # b comes back first, its prompt and output as one prefill...

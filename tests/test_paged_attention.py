@@ -278,12 +278,13 @@ class TwoCaches:
         assert self.bm.allocate(seq, self.tokens[seq]) == 0
 
     def grow(self, seq):
-        """One more token; copy-on-write done on the paged side -> the slot append_slot gave."""
+        """One more token; copy-on-write done on the paged side -> the slot allocate_slots gave it."""
         self.tokens[seq].append(int(self.rng.integers(0, 100)))
-        slot, copy = self.bm.append_slot(seq, self.tokens[seq])
-        if copy is not None:
+        position = len(self.tokens[seq]) - 1
+        for copy in self.bm.allocate_slots(seq, position, 1):
             self.paged.copy_block(*copy)
-        return slot
+        table = self.bm.block_table(seq)
+        return table[position // self.bm.block_size] * self.bm.block_size + position % self.bm.block_size
 
     def step(self, batch):
         """batch: [(seq, context_len, n_new)]; write random K/V to both caches, compare attend()."""
@@ -310,7 +311,7 @@ def test_paged_cache_attends_like_the_contiguous_cache_through_prefill_decode_ch
     two.step([("a", 0, 7), ("b", 0, 12)])                     # prefill
     slots = [two.grow("a"), two.grow("b")]
     meta = two.step([("a", 7, 1), ("b", 12, 1)])              # decode
-    np.testing.assert_array_equal(meta.slot_mapping, slots)   # build() agrees with append_slot
+    np.testing.assert_array_equal(meta.slot_mapping, slots)   # build() agrees with allocate_slots
     two.add("c", 9)
     two.grow("a")
     two.step([("a", 8, 1), ("c", 0, 5)])                      # a decode next to a prefill chunk

@@ -5,12 +5,13 @@ decoding is, so a preempted-and-recomputed sequence must end with exactly the to
 have produced without preemption.
 """
 import hashlib
+from types import SimpleNamespace
 
 from hypothesis import given, settings, strategies as st
 
 from minillm.generation.sampling import SamplingParams
 from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.scheduler import Scheduler
+from minillm.runtime.scheduler import RunnerOutput, Scheduler
 from minillm.runtime.sequence import Sequence, Status
 
 VOCAB = 1000
@@ -26,17 +27,51 @@ def make_seq(i, prompt_len, max_tokens):
     return Sequence(i, str(i), prompt, params)
 
 
-def draw_token(sched, seq) -> bool:
-    """The simulated model's next token; the sequence ends at max_tokens (no eos here). True if it ended."""
-    seq.append_token(next_token(seq.token_ids))
-    if len(seq.output_ids) == seq.params.max_tokens:
-        sched.finish(seq)
-        return True
-    return False
+def emit(seq, token, logprobs):
+    """The engine's part, simulated: a sequence ends at max_tokens (no eos here)."""
+    return SimpleNamespace(seq=seq, token=token, finished=len(seq.output_ids) == seq.params.max_tokens)
 
 
-def run(workload, num_blocks, block_size, max_num_seqs, budget):
-    """Drive the scheduler step by step; arrivals join at their step. Returns sequences and a log."""
+def simulated_output(plan):
+    """The runner, simulated: each sampling sequence (and each fork) draws the simulated model's token;
+    a draft is kept while it equals what the model would have drawn, then the model's own token."""
+    token_ids = {}
+    for s in plan.scheduled:
+        if not s.samples:
+            continue
+        for member in (s.seq, *s.forks):
+            tokens, context = [], list(member.token_ids)
+            for guess in s.draft + [None]:
+                tokens.append(next_token(context + tokens))
+                if tokens[-1] != guess:
+                    break
+            token_ids[member.seq_id] = tokens
+    return RunnerOutput(token_ids)
+
+
+def step(sched):
+    """One engine step without a model -> (plan, what emit returned for each token)."""
+    plan = sched.schedule()
+    return plan, sched.update_from_output(plan, simulated_output(plan), emit)
+
+
+def propose_drafts(sched, rng_seed):
+    """A simulated drafter: up to 3 guesses for each decoding sequence, right for a while, then wrong."""
+    for seq in sched.running:
+        room = seq.params.max_tokens - len(seq.output_ids) - 1
+        if seq.num_uncomputed != 1 or not seq.output_ids or room < 1:
+            continue
+        k, right = min(3, room), next_token([rng_seed, *seq.token_ids]) % 4
+        draft = []
+        for j in range(k):
+            truth = next_token(seq.token_ids + draft)
+            draft.append(truth if j < right else (truth + 1) % VOCAB)
+        seq.draft_ids = draft
+
+
+def run(workload, num_blocks, block_size, max_num_seqs, budget, draft_seed=None):
+    """Drive the scheduler step by step; arrivals join at their step. Returns sequences and a log.
+    ``draft_seed``: not None, a simulated drafter proposes after every step."""
     bm = BlockManager(num_blocks, block_size)
     sched = Scheduler(bm, max_num_seqs, budget)
     seqs = [make_seq(i, p, m) for i, (p, m, _) in enumerate(workload)]
@@ -56,11 +91,14 @@ def run(workload, num_blocks, block_size, max_num_seqs, budget):
         admitted = [s.seq for s in plan.scheduled if s.seq in waiting_before]
         assert admitted == waiting_before[: len(admitted)]
         assert all(s.num_new >= 1 for s in plan.scheduled)
-        sampling = [s.seq for s in plan.scheduled if s.completes_prefill]  # as LLMEngine.step does
-        sched.mark_computed(plan.scheduled)
-        for seq in sampling:
-            if draw_token(sched, seq):
-                finished_count[seq.seq_id] = finished_count.get(seq.seq_id, 0) + 1
+        for out in sched.update_from_output(plan, simulated_output(plan), emit):
+            if out.finished:
+                finished_count[out.seq.seq_id] = finished_count.get(out.seq.seq_id, 0) + 1
+        for s in plan.scheduled:   # a sequence that sampled holds slots for its computed tokens only
+            if s.samples and not s.seq.finished:
+                assert bm.num_slots(s.seq.seq_id) == s.seq.num_computed_tokens == s.seq.num_tokens - 1
+        if draft_seed is not None:
+            propose_drafts(sched, draft_seed)
         step += 1
     return seqs, bm, sched, finished_count
 
@@ -77,11 +115,12 @@ workloads = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.intege
 
 @settings(max_examples=150, deadline=None)
 @given(workload=workloads, block_size=st.sampled_from([1, 4, 16]), max_num_seqs=st.integers(1, 6),
-       budget=st.integers(1, 64), spare_blocks=st.integers(0, 8))
-def test_scheduler_invariants(workload, block_size, max_num_seqs, budget, spare_blocks):
+       budget=st.integers(1, 64), spare_blocks=st.integers(0, 8),
+       draft_seed=st.none() | st.integers(0, 1000))
+def test_scheduler_invariants(workload, block_size, max_num_seqs, budget, spare_blocks, draft_seed):
     longest = max(p + m for p, m, _ in workload)
     num_blocks = -(-longest // block_size) + spare_blocks  # the longest sequence always fits alone
-    seqs, bm, sched, finished_count = run(workload, num_blocks, block_size, max_num_seqs, budget)
+    seqs, bm, sched, finished_count = run(workload, num_blocks, block_size, max_num_seqs, budget, draft_seed)
     assert all(s.status is Status.FINISHED for s in seqs)
     assert finished_count == {s.seq_id: 1 for s in seqs}, "every request finishes exactly once"
     assert bm.num_free_blocks == bm.num_blocks and not bm.seqs, "blocks leaked"
@@ -103,10 +142,9 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_budget():
     seq = make_seq(0, 30, 2)
     sched.add(seq)
     chunks = []
-    while seq.num_computed < 30:
-        plan = sched.schedule()
+    while seq.num_computed_tokens < 30:
+        plan, _ = step(sched)
         chunks.append(plan.scheduled[0].num_new)
-        sched.mark_computed(plan.scheduled)
     assert chunks == [8, 8, 8, 6]
 
 
@@ -115,15 +153,13 @@ def test_abort_in_every_state_frees_blocks():
     sched = Scheduler(bm, max_num_seqs=1, max_num_batched_tokens=4)
     running, mid_prefill, waiting = make_seq(0, 3, 5), make_seq(1, 10, 5), make_seq(2, 3, 5)
     sched.add(running)
-    plan = sched.schedule()
-    sched.mark_computed(plan.scheduled)
-    running.append_token(7)
+    step(sched)
+    assert running.output_ids
     sched.finish(running)  # abort while running (decoding)
     sched.add(mid_prefill)
     sched.add(waiting)
-    plan = sched.schedule()
-    sched.mark_computed(plan.scheduled)
-    assert mid_prefill.num_computed == 4 < 10
+    step(sched)
+    assert mid_prefill.num_computed_tokens == 4 < 10
     sched.finish(mid_prefill)  # abort mid-prefill
     sched.finish(waiting)      # abort while waiting (never admitted)
     assert bm.num_free_blocks == bm.num_blocks and not sched.has_unfinished()
@@ -139,16 +175,12 @@ def test_a_short_request_finishes_within_a_bounded_number_of_steps_while_two_ful
     for seq in long_ones:
         sched.add(seq)
     for _ in range(3):                                   # the long prefills are under way
-        sched.mark_computed(sched.schedule().scheduled)
+        step(sched)
     short = make_seq(2, 4, max_tokens)
     sched.add(short)
     steps = 0
     while short.status is not Status.FINISHED:
-        plan = sched.schedule()
-        sampling = [s.seq for s in plan.scheduled if s.completes_prefill]  # as LLMEngine.step does
-        sched.mark_computed(plan.scheduled)
-        for seq in sampling:
-            draw_token(sched, seq)
+        step(sched)
         steps += 1
         assert steps <= max_tokens + 1, "the short request waited behind the long prefills"
     assert not any(seq.output_ids for seq in long_ones)  # the long ones were still prefilling all along

@@ -109,7 +109,7 @@ def group_forward(group: TensorParallelGroup):
     rank0_cache = PagedKVCache(group.model.config, NUM_BLOCKS, BLOCK_SIZE, group.model.ops)
 
     def forward(ids, meta, _):
-        group.send("step", [], ids, meta)
+        group.send("step", [], ids, meta, None)   # no copies; every layer
         return group.forward(ids, meta, rank0_cache)
     return forward
 
@@ -155,12 +155,37 @@ def test_rank0_holds_only_its_shard(groups, oracles):
     assert weight_bytes(group.model.weights) < 0.6 * weight_bytes(oracles["smollm2"].weights)
 
 
-def test_bad_tensor_parallel_arguments_are_refused(groups, model_paths):
-    group = groups("smollm2", 2)
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 4},
+                                  {"method": "self", "num_speculative_tokens": 3, "num_draft_layers": 22}],
+                         ids=["ngram", "early-exit"])
+def test_speculation_on_2_ranks_gives_one_process_greedy_tokens(groups, oracles, model_paths, spec):
+    """What LLM(tensor_parallel_size=2, speculative=spec) builds: the group's engine with a drafter.
+    The early-exit drafter's forwards go through the runner, so rank 1 runs them too (a rank that
+    missed one would deadlock the next collective or leave its cache without the draft's K/V)."""
     tokenizer = load_tokenizer(model_paths["smollm2"])
-    with pytest.raises(ValueError, match="speculative decoding does not run with tensor parallelism"):
-        LLMEngine(group.model, tokenizer, kv_cache_bytes=32 << 20, tensor_parallel=group,
-                  speculative={"method": "ngram", "num_speculative_tokens": 2})
+    prompts = ["Copy this sentence exactly: The committee approved the new budget for the library on Tuesday.",
+               "Rewrite in lowercase: THE RIVER FLOWS THROUGH THE OLD TOWN AND INTO THE SEA."]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+    def greedy(engine):
+        ids = [engine.add_request(tokenizer.encode(p), params) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.stats().num_free_blocks == engine.stats().num_blocks, "blocks leaked"
+        return [engine.pop_request(i).outputs[0].token_ids for i in ids]
+
+    expected = greedy(LLMEngine(oracles["smollm2"], tokenizer, kv_cache_bytes=32 << 20))
+    group = groups("smollm2", 2)
+    group.timings(reset=True)
+    engine = LLMEngine(group.model, tokenizer, kv_cache_bytes=32 << 20, tensor_parallel=group, speculative=spec)
+    assert greedy(engine) == expected
+    stats = engine.stats()
+    assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_accepted_tokens > 0
+    steps = [t.steps for t in group.timings(reset=True)]
+    assert steps[0] == steps[1] > 0                                  # every forward ran on both ranks
+
+
+def test_bad_tensor_parallel_arguments_are_refused(groups, model_paths):
     for size in (0, -1, 1.5):
         with pytest.raises(ValueError, match="tensor_parallel_size"):
             LLM(model_paths["smollm2"], tensor_parallel_size=size)

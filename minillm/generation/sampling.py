@@ -336,6 +336,12 @@ class Sampler:
             chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
         return SampleResult(chosen, self.logprobs(raw, chosen, params), errors)
 
+    def stuck(self, logits: np.ndarray, state: SamplingState) -> str | None:
+        """Why no token may continue ``state`` at this (1, V) row, or None (``sample`` would draw one)."""
+        if state.guide is None and len(state.output_ids) >= state.params.min_tokens:
+            return None
+        return self._why_stuck(state) if np.isneginf(self._adjusted(np.asarray(logits), [state])[0]).all() else None
+
     @staticmethod
     def _why_stuck(state: SamplingState) -> str:
         """The message for a sequence that no token may continue."""

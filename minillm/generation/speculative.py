@@ -19,10 +19,13 @@ The drafter interface is one method, small enough to write your own::
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+from minillm.generation.sampling import Sampler, SamplingState, TokenLogprobs
 
 
 class Drafter(Protocol):
@@ -161,3 +164,45 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     if not 0 <= alpha <= 1 or k < 0:
         raise ValueError(f"need 0 <= alpha <= 1 and k >= 0, got alpha={alpha}, k={k}")
     return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def verify_draft(sampler: Sampler, logits: np.ndarray, state: SamplingState, draft: Sequence[int]
+                 ) -> tuple[list[int], list[TokenLogprobs | None], str | None]:
+    """The tokens a draft's k + 1 verified rows (1 + k, V) decide, exactly as plain decoding would sample them.
+
+    Row by row: keep d_j while the rule accepts it (greedy: d_j is the argmax; otherwise
+    ``accept_or_resample`` with q one-hot, the drafters being deterministic), then emit the rule's
+    own token and stop -> (1 .. k + 1 tokens, their logprobs, None). Row j is judged with the history
+    plain decoding would have there - the output so far plus the j tokens kept - so penalties and
+    min_tokens see exactly that; the sequence itself is not touched. A row where no token may follow
+    (a constraint that min_tokens keeps from ending) stops the verify there: the tokens kept so far,
+    or, at the first row, ([], [], why) - the sequence cannot go on.
+    """
+    tokens, logprobs = [], []
+    for j in range(len(draft) + 1):
+        view = copy.copy(state)                  # shares params and rng; its own history
+        view.output_ids = state.output_ids + tokens
+        if (stuck := sampler.stuck(logits[j:j + 1], view)) is not None:
+            return tokens, logprobs, None if tokens else stuck
+        guess = draft[j] if j < len(draft) else None
+        token, lp = _decide(sampler, logits[j:j + 1], view, guess)
+        tokens.append(token)
+        logprobs.append(lp)
+        if token != guess:
+            break
+    return tokens, logprobs, None
+
+
+def _decide(sampler: Sampler, row: np.ndarray, state: SamplingState, guess: int | None):
+    """The token at one verified row (1, V), with its logprobs: as plain decoding samples it."""
+    if state.params.greedy:                      # greedy acceptance: keep the guess iff it is the argmax
+        drawn = sampler.sample(row, [state])
+        return int(drawn.token_ids[0]), drawn.logprobs[0]
+    p = sampler.probabilities(row, [state])[0]                          # (V,) the target's distribution
+    if guess is None:
+        token = sample_from(p, state.rng)                                # the bonus row: a plain draw
+    else:
+        q = np.zeros_like(p)
+        q[guess] = 1.0
+        token, _ = accept_or_resample(p, q, guess, state.rng)
+    return token, Sampler.logprobs(row, np.array([token]), [state.params])[0]

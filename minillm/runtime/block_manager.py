@@ -23,8 +23,10 @@ paged_cache.py holds the arrays, ``kernels/cpu/paged_attention.py`` reads them):
   a shared, partially filled block copies that block first, so no sequence ever sees another's
   tokens.
 
-Running out of blocks is a normal condition the scheduler asks about (``can_allocate``,
-``can_append``) before it acts; misuse - an unknown sequence, a double free - raises.
+Running out of blocks is a normal condition: the scheduler asks ``can_allocate`` before admitting
+a prompt, and ``allocate_slots`` answers None when the pool is short. Misuse - an unknown
+sequence, a double free - raises. The scheduler (scheduler.py) is the only caller of the methods
+that hand out or take back blocks.
 """
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ class BlockPool:
             block_id, _ = self.evictable.popitem(last=False)
             self._forget(self.blocks[block_id])  # its old contents are about to be overwritten
         else:
-            raise RuntimeError("no free KV block left; ask can_allocate / can_append before taking one")
+            raise RuntimeError("no free KV block left; ask can_allocate (or let allocate_slots answer None) first")
         self.blocks[block_id].ref_count = 1
         return block_id
 
@@ -192,9 +194,10 @@ class BlockManager:
 
     The step loop of a scheduler reads::
 
-        if bm.can_allocate(seq, prompt):  cached = bm.allocate(seq, prompt)   # prefill prompt[cached:]
-        bm.mark_computed(seq, prompt, n)        # after a prefill chunk: the first n tokens are in the cache
-        if bm.can_append(seq):  slot, copy = bm.append_slot(seq, tokens)      # decode: one more token
+        if bm.can_allocate(seq, prompt):  cached = bm.allocate(seq, prompt)   # admit: prompt[cached:] to compute
+        copies = bm.allocate_slots(seq, computed, n)   # slots for a step's n tokens (None: out of blocks)
+        bm.mark_computed(seq, tokens, computed)        # after the step: full computed blocks become reusable
+        bm.truncate(seq, computed)                     # give back the slots of rejected draft tokens
         bm.fork(seq, child);  bm.free(seq)
     """
 
@@ -282,9 +285,9 @@ class BlockManager:
     def mark_computed(self, seq_id: Hashable, token_ids: Sequence[int], num_computed: int) -> None:
         """The K/V of the first ``num_computed`` tokens are in the cache: make their full blocks reusable.
 
-        Call after each prefill chunk. Blocks become visible to other prompts only now, never at
-        ``allocate``: a prompt prefilled in several chunks must not lend out blocks it has not
-        written yet. (Decode needs no call: ``append_slot`` does it.)
+        Call after every step that computed tokens of the sequence. Blocks become visible to other
+        prompts only now, never at ``allocate``: a prompt prefilled in several chunks must not lend
+        out blocks it has not written yet.
         """
         seq = self._seq(seq_id)
         if not 0 <= num_computed <= min(seq.num_tokens, len(token_ids)):
@@ -292,64 +295,43 @@ class BlockManager:
                              f"{len(token_ids)} token ids; {num_computed} cannot be computed")
         self._cache_full_blocks(seq, token_ids, num_computed)
 
-    # ---- decode ------------------------------------------------------------
+    # ---- slots for the tokens of a step ---------------------------------------
 
-    def can_append(self, seq_id: Hashable) -> bool:
-        """Whether the sequence can take one more token now."""
-        return self._blocks_to_append(self._seq(seq_id)) <= self.pool.num_free
+    def allocate_slots(self, seq_id: Hashable, num_computed_tokens: int, num_new_tokens: int,
+                       num_lookahead_tokens: int = 0) -> list[tuple[int, int]] | None:
+        """Slots for the tokens a step writes: positions from ``num_computed_tokens`` on, ``num_new_tokens``
+        of them (computed in the step) plus ``num_lookahead_tokens`` (written by a drafter) -> the
+        copy-on-write ``(src, dst)`` pairs the cache must apply before the writes, or None when the free
+        pool cannot hold them (then nothing changed: preempt someone, or do without).
 
-    def append_slot(self, seq_id: Hashable, token_ids: Sequence[int]) -> tuple[int, tuple[int, int] | None]:
-        """Make room for the last of ``token_ids`` (the sequence so far, the new token included).
-
-        Returns ``(slot, copy)``: the slot where the new token's K/V go, and ``(src, dst)`` when
-        the cache must first copy block src into block dst (copy-on-write), else None.
+        Slots the sequence holds already are kept; only the missing blocks are taken. A block the
+        writes touch that another table shares (a fork's) is replaced by a private one first, and
+        copied when it holds computed tokens. Nothing is hashed here: ``mark_computed`` does that
+        once the K/V are in the cache.
         """
-        seq = self._seq(seq_id)
-        if len(token_ids) != seq.num_tokens + 1:
-            raise ValueError(f"sequence {seq_id!r} holds {seq.num_tokens} tokens, so append_slot needs "
-                             f"{seq.num_tokens + 1} token ids (the new one last), got {len(token_ids)}")
-        if not self.can_append(seq_id):
-            raise RuntimeError(f"no free KV block for sequence {seq_id!r}; ask can_append first")
-        self._cache_full_blocks(seq, token_ids, seq.num_tokens)  # every earlier token is computed by now
-        position, copy = seq.num_tokens, None
-        if position % self.block_size == 0:             # the last block is full: open a new one
-            seq.block_table.append(self.pool.take())
-        elif self.pool.blocks[seq.block_table[-1]].ref_count > 1:  # shared partial block: copy, then write
-            src, dst = seq.block_table[-1], self.pool.take()
+        seq, bs = self._seq(seq_id), self.block_size
+        end = num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        if not 0 <= num_computed_tokens <= seq.num_tokens or num_new_tokens < 0 or num_lookahead_tokens < 0:
+            raise ValueError(f"sequence {seq_id!r} holds {seq.num_tokens} slots; cannot write {num_new_tokens} + "
+                             f"{num_lookahead_tokens} tokens after its first {num_computed_tokens}")
+        written = range(num_computed_tokens // bs, min(len(seq.block_table), self.num_blocks_for(end))
+                        if end > num_computed_tokens else 0)     # held blocks the writes touch
+        shared = [i for i in written if self.pool.blocks[seq.block_table[i]].ref_count > 1]
+        fresh = max(0, self.num_blocks_for(end) - len(seq.block_table))
+        if len(shared) + fresh > self.pool.num_free:
+            return None
+        copies = []
+        for i in shared:                                # copy-on-write: the one place it happens
+            src, dst = seq.block_table[i], self.pool.take()
             self.pool.release(src)
-            seq.block_table[-1], copy = dst, (src, dst)
-        seq.num_tokens += 1
-        return seq.block_table[-1] * self.block_size + position % self.block_size, copy
+            seq.block_table[i] = dst
+            if i * bs < num_computed_tokens:            # it holds computed K/V: they move along
+                copies.append((src, dst))
+        seq.block_table += [self.pool.take() for _ in range(fresh)]
+        seq.num_tokens = max(seq.num_tokens, end)
+        return copies
 
-    # ---- speculative decoding: lookahead slots and rollback -----------------
-
-    def can_append_slots(self, seq_id: Hashable, n: int) -> bool:
-        """Whether the sequence can take ``n`` more slots now (n >= 0)."""
-        seq = self._seq(seq_id)
-        return self._blocks_for_slots(seq, n) <= self.pool.num_free
-
-    def append_lookahead_slots(self, seq_id: Hashable, n: int) -> tuple[int, int] | None:
-        """``n`` slots for tokens not known yet (a draft to verify); returns a copy-on-write (src, dst) or None.
-
-        Unlike ``append_slot`` nothing is hashed: the draft's K/V are not computed yet, and those
-        not accepted are rolled back by ``truncate``. Only whole fresh blocks are added, plus a
-        private copy of the last block when it is shared and partially filled (a fork's).
-        """
-        seq = self._seq(seq_id)
-        if n < 0:
-            raise ValueError(f"cannot append {n} slots")
-        if not self.can_append_slots(seq_id, n):
-            raise RuntimeError(f"not enough free KV blocks for {n} more slots of sequence {seq_id!r}; "
-                               f"ask can_append_slots first")
-        copy = None
-        if n and seq.num_tokens % self.block_size and self.pool.blocks[seq.block_table[-1]].ref_count > 1:
-            src, dst = seq.block_table[-1], self.pool.take()
-            self.pool.release(src)
-            seq.block_table[-1], copy = dst, (src, dst)
-        seq.num_tokens += n
-        while len(seq.block_table) < self.num_blocks_for(seq.num_tokens):
-            seq.block_table.append(self.pool.take())
-        return copy
+    # ---- speculative decoding: rollback ---------------------------------------
 
     def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
         """Roll the sequence back to its first ``num_tokens`` slots: rejected draft tokens lose theirs.
@@ -423,17 +405,3 @@ class BlockManager:
             chunk = token_ids[i * bs:(i + 1) * bs]
             seq.hashes.append(hash_block(chunk, seq.hashes[-1] if seq.hashes else None))
             self.pool.cache(seq.block_table[i], seq.hashes[-1], chunk)
-
-    def _blocks_for_slots(self, seq: SequenceBlocks, n: int) -> int:
-        """Free blocks ``n`` more slots consume: fresh ones, plus a copy of a shared partial last block."""
-        if n == 0:
-            return 0
-        fresh = self.num_blocks_for(seq.num_tokens + n) - len(seq.block_table)
-        shared_tail = seq.num_tokens % self.block_size and self.pool.blocks[seq.block_table[-1]].ref_count > 1
-        return fresh + int(bool(shared_tail))
-
-    def _blocks_to_append(self, seq: SequenceBlocks) -> int:
-        """1 if the next token needs a fresh block (last block full, or shared and about to be copied)."""
-        if seq.num_tokens % self.block_size == 0:
-            return 1
-        return int(self.pool.blocks[seq.block_table[-1]].ref_count > 1)

@@ -2,14 +2,17 @@
 
     engine.add_request(prompt_ids, params)       # any time, from any caller (RequestRejected if it can't run)
     while engine.has_unfinished():
-        for out in engine.step():                 # schedule -> batch -> forward -> sample -> detokenize
+        for out in engine.step():                 # schedule -> execute -> update -> propose drafts
             print(out.request_id, out.text_delta)
     engine.stats()                                # running, waiting, KV usage, cache hits, limits
 
-A step: the scheduler picks the batch (decode tokens of running sequences plus prefill chunks of
-new ones), the model runner packs it into one flat forward over the paged KV cache, the sampler
-draws one token for every sequence whose last token ran, and each sequence's output builder turns
-the token into text and decides whether the sequence is done. Finished sequences free their blocks.
+A step: the scheduler plans it (every running sequence's tokens to compute - prompt chunks, decode
+tokens, drafts to verify, forced tokens - within the budget, with their KV slots); the model runner
+packs the plan into one flat forward over the paged KV cache and chooses the tokens (a draw per
+sequence whose newest token ran, a verify per draft); the scheduler's ``update_from_output``
+appends them - each through the sequence's output builder, which turns it into text and decides
+whether the sequence is done - rolls back rejected drafts, applies forced tokens and frees finished
+sequences; then the drafters propose the next step's drafts.
 
 This file is the runtime's whole contract with the layers above it: ``add_request``, ``abort``,
 ``step`` (whose ``StepOutput``s say everything a caller needs about each token), ``has_unfinished``,
@@ -23,8 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from minillm.generation.constrained import Guide, TokenIndex, min_tokens_problem, token_index
 from minillm.generation.output import CompletionOutput, OutputBuilder
@@ -95,8 +96,8 @@ class PlannedSeq:
     request_id: str
     index: int
     seq_id: int
-    num_new: int      # tokens of it that run in this step
-    is_prefill: bool  # a prompt chunk (or a recompute after preemption), not a single decode token
+    num_new: int      # tokens of it that run in this step, draft tokens included
+    is_prefill: bool  # more than its newest token and draft: a prompt chunk, a recompute, forced tokens
 
 
 @dataclass(frozen=True)
@@ -170,17 +171,15 @@ class LLMEngine:
         each rank's budget."""
         if max_n is not None and max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {max_n}")
-        if tensor_parallel is not None and speculative is not None:
-            raise ValueError("speculative decoding does not run with tensor parallelism: pass one or the other")
         self.model, self.tokenizer = model, tokenizer
         self.jump_forward = jump_forward
         kv_cache_bytes = default_kv_cache_bytes() if kv_cache_bytes is None else kv_cache_bytes
         self.block_manager = BlockManager.from_memory_budget(kv_cache_bytes, bytes_per_token(model.config), block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.max_n = min(max_num_seqs, max_n or max_num_seqs)
-        self.runner = (ModelRunner(model, self.block_manager) if tensor_parallel is None
-                       else tensor_parallel.runner(self.block_manager))
         self.sampler = Sampler(eos_token_ids=[] if tokenizer.eos_id is None else [tokenizer.eos_id])
+        self.runner = (ModelRunner(model, self.block_manager, self.sampler) if tensor_parallel is None
+                       else tensor_parallel.runner(self.block_manager, self.sampler))
         # The longest sequence one request may ask for: the context, or the whole KV cache if smaller.
         longest = min(model.config.context_length, self.block_manager.num_blocks * block_size)
         if max_model_len is not None and not 1 <= max_model_len <= longest:
@@ -189,8 +188,7 @@ class LLMEngine:
         self.max_model_len = longest if max_model_len is None else max_model_len
         # speculative: vLLM's speculative_config, e.g. {"method": "ngram", "num_speculative_tokens": 4}
         self.speculative = None if speculative is None else SpeculativeDecoder(
-            SpeculativeConfig.from_dict(speculative), model, self.runner.cache, self.block_manager,
-            self.sampler, self.max_model_len)
+            SpeculativeConfig.from_dict(speculative), model.config.n_layers, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.observers: list[StepObserver] = []
         self.seq_ids = itertools.count()
@@ -214,11 +212,13 @@ class LLMEngine:
                 problem := min_tokens_problem(index, params.min_tokens, self.max_model_len - len(prompt_ids))):
             raise RequestRejected(problem, "min_tokens")
         seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival,
-                         guide=None if index is None else Guide(index)) for i in range(params.n)]
+                         guide=None if index is None else Guide(index), jump_forward=self.jump_forward)
+                for i in range(params.n)]
+        seqs[0].forks = seqs[1:]  # they fork its blocks once the prompt is cached
         builders = [OutputBuilder(self.tokenizer, params, len(prompt_ids), self.max_model_len, index=i)
                     for i in range(params.n)]
         self.requests[request_id] = Request(request_id, prompt_ids, params, seqs, builders)
-        self.scheduler.add(seqs[0])  # the others fork its blocks once the prompt is cached
+        self.scheduler.add(seqs[0])
         return request_id
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -290,11 +290,16 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
+        """schedule -> execute -> update -> propose drafts: one forward, every sequence it advanced."""
         plan = self.scheduler.schedule()
-        if self.speculative is not None:
-            self.speculative.draft(plan, self.scheduler.max_num_batched_tokens - plan.num_tokens)
         record = self._record(plan) if self.observers else None
-        outputs = self._run(plan) if plan.scheduled else []
+        outputs = []
+        if plan.scheduled:
+            output = self.runner.execute(plan)
+            outputs = self.scheduler.update_from_output(plan, output, self._emit)
+            outputs += [self._fail(seq, output.errors[seq.seq_id]) for seq in plan.sequences_in(output.errors)]
+        if self.speculative is not None:
+            self.speculative.propose(plan, self.scheduler, self.runner)
         for observer in list(self.observers):
             observer(record, outputs)
         return outputs
@@ -304,110 +309,33 @@ class LLMEngine:
         self.observers.append(observer)
         return functools.partial(self.observers.remove, observer)
 
-    def _run(self, plan: SchedulerOutput) -> list[StepOutput]:
-        now = time.perf_counter()
-        for s in plan.scheduled:
-            s.seq.times.first_scheduled = s.seq.times.first_scheduled or now
-        logits = self.runner.run(plan.scheduled, plan.copies)        # (rows, V): 1 + len(draft) per sampling seq
-        ready = [s for s in plan.scheduled if s.completes_prefill]   # in logits row order: draw a token
-        now = time.perf_counter()
-        for s in ready:  # the first forward that gives a sequence logits ends its prefill (TTFT's middle part)
-            s.seq.times.prefill_done = s.seq.times.prefill_done or now
-        first_rows = np.cumsum([0] + [1 + len(s.draft) for s in ready])
-        self.scheduler.mark_computed(plan.scheduled)
-        speculated = [(s, logits[first_rows[i]:first_rows[i + 1]]) for i, s in enumerate(ready) if s.draft]
-        rows, seqs = [], []
-        for row, seq in ((first_rows[i], s.seq) for i, s in enumerate(ready) if not s.draft):
-            for member in [seq, *self._forks_due(seq)]:               # n > 1: siblings share the row
-                rows.append(row)
-                seqs.append(member)
-        outputs = []
-        if seqs:
-            drawn = self.sampler.sample(logits[rows], [s.sampler_state for s in seqs])
-            now = time.perf_counter()
-            for row, (seq, tok, lp) in enumerate(zip(seqs, drawn.token_ids, drawn.logprobs)):
-                if row in drawn.errors:   # no token was allowed: this sequence ends, the batch goes on
-                    outputs.append(self._fail(seq, drawn.errors[row], now))
-                    continue
-                outputs.append(self._append(seq, int(tok), lp, now))
-                if self.jump_forward and seq.sampler_state.guide is not None and seq.params.logprobs is None:
-                    outputs += self._jump_forward(seq, now)
-        now = time.perf_counter()
-        for s, rows_of_seq in speculated:                             # (1 + k, V) each: accept, then roll back
-            outputs += self.speculative.verify(s, rows_of_seq, self._append, now)
-        return outputs
-
-    def _jump_forward(self, seq: Sequence, now: float) -> list[StepOutput]:
-        """Append the tokens the constraint forces (SGLang's compressed FSM), each a StepOutput.
-
-        The next step runs them through the model as one chunk, with the token just sampled: their
-        KV slots are allocated here, so the scheduler sees a sequence whose slots are all allocated
-        and only some computed - a prefill chunk. Jumping is skipped when the blocks are not free."""
-        guide, bm, p, out = seq.sampler_state.guide, self.block_manager, seq.params, []
-        eos = self.tokenizer.eos_id
-        while not seq.finished and (forced := guide.forced_tokens()):
-            if forced == [eos]:
-                if p.ignore_eos or len(seq.output_ids) < p.min_tokens:
-                    break                     # the request wants no end here: let the model go on
-                out.append(self._append(seq, eos, None, now))   # EOS ends it: it never runs
-                break
-            forced = [t for t in forced if t != eos]
-            blocks = bm.num_blocks_for(seq.num_tokens + len(forced)) - len(bm.block_table(seq.seq_id))
-            if blocks + 1 > bm.num_free_blocks:   # + 1: a shared last block may need its copy
-                break
-            for token in forced:
-                self._allocate_slots(seq)
-                out.append(self._append(seq, token, None, now))
-                if seq.finished:
-                    break
-            if not seq.finished:
-                self._allocate_slots(seq)
-        return out
-
-    def _allocate_slots(self, seq: Sequence) -> None:
-        """KV slots for every token of the sequence that has none yet."""
-        bm = self.block_manager
-        while bm.num_slots(seq.seq_id) < seq.num_tokens:
-            _, copy = bm.append_slot(seq.seq_id, seq.token_ids[:bm.num_slots(seq.seq_id) + 1])
-            if copy is not None:  # a shared partial block (n > 1): its K/V are computed, copy them now
-                self.runner.copy_block(*copy)
-
-    def _forks_due(self, seq: Sequence) -> list[Sequence]:
-        """Siblings of a request's first sequence join when its prompt prefill completes."""
-        request = self.requests[seq.request_id]
-        if seq is not request.seqs[0] or seq.output_ids or len(request.seqs) == 1:
-            return []
-        for sibling in request.seqs[1:]:
-            self.scheduler.fork(seq, sibling)
-        return request.seqs[1:]
-
-    def _append(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None, now: float) -> StepOutput:
+    def _emit(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> StepOutput:
+        """A token the scheduler appended to ``seq``: its text, its times, whether it ends the sequence."""
         request = self.requests[seq.request_id]
         builder = request.builders[seq.choice]
-        first = not any(s.output_ids for s in request.seqs)
-        seq.append_token(token_id)
+        first = not any(b.output.token_ids for b in request.builders)
         delta = builder.append(token_id, logprobs)
+        now = time.perf_counter()
         seq.times.first_token = seq.times.first_token or now
         seq.times.tokens.append(now)
         if builder.finished:
-            self.scheduler.finish(seq)
             seq.times.finished = now
-        return StepOutput(seq.request_id, seq.choice, token_id, delta, logprobs, first, seq.finished,
-                          builder.output.finish_reason, request.finished)
+        return StepOutput(seq.request_id, seq.choice, token_id, delta, logprobs, first, builder.finished,
+                          builder.output.finish_reason, all(b.finished for b in request.builders))
 
-    def _fail(self, seq: Sequence, message: str, now: float) -> StepOutput:
-        """End one sequence with FINISH_ERROR and no token; its blocks go back to the pool."""
+    def _fail(self, seq: Sequence, message: str) -> StepOutput:
+        """The StepOutput of a sequence no token could continue (the scheduler has finished it):
+        FINISH_ERROR and no token, its request alone told why."""
         request = self.requests[seq.request_id]
         request.builders[seq.choice].output.finish_reason = FINISH_ERROR
-        self.scheduler.finish(seq)
-        seq.times.finished = now
+        seq.times.finished = time.perf_counter()
         return StepOutput(seq.request_id, seq.choice, -1, "", None, False, True, FINISH_ERROR, request.finished,
                           error=message)
 
     def _record(self, plan: SchedulerOutput) -> StepPlan:
         """The plan as plain facts, taken before the forward moves the sequences on."""
-        scheduled = [PlannedSeq(s.seq.request_id, s.seq.choice, s.seq.seq_id, s.num_new, s.seq.is_prefill)
-                     for s in plan.scheduled]
+        scheduled = [PlannedSeq(s.seq.request_id, s.seq.choice, s.seq.seq_id, s.num_new,
+                                s.num_new - len(s.draft) > 1 or not s.seq.output_ids) for s in plan.scheduled]
         return StepPlan(scheduled, [s.seq_id for s in plan.preempted], [s.seq_id for s in self.scheduler.waiting],
                         self.block_manager.num_free_blocks)
 
@@ -428,7 +356,8 @@ class LLMEngine:
             spec_decode_num_draft_tokens=self.speculative.stats.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.speculative.stats.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=tuple(self.speculative.stats.accepted_per_pos))
-        prefill_tokens = sum(seq.num_uncomputed for seq in (*scheduler.waiting, *scheduler.running) if seq.is_prefill)
+        prefill_tokens = sum(seq.num_uncomputed for seq in (*scheduler.waiting, *scheduler.running)
+                             if seq.num_uncomputed > 1 or not seq.output_ids)
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
             num_prefill_tokens=prefill_tokens, kv_cache_usage=bm.usage,

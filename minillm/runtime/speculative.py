@@ -1,36 +1,32 @@
-"""Speculative decoding in the engine: draft after scheduling, verify in the one forward, roll back.
+"""Speculative decoding in the engine: drafts proposed after each step, verified in the next one.
 
-    step   schedule -> draft (this module) -> one forward over every row -> verify (this module)
-    a decode sequence with a draft d0..d(k-1) runs k + 1 rows: its newest token t, then the draft
-           rows     t   d0  d1  d2           (slots for the draft: BlockManager.append_lookahead_slots)
-           logits   r0  r1  r2  r3           row j decides the token after t, d0, .., d(j-1)
-    verify  row by row, exactly as plain decoding would sample: keep d_j while the rule accepts it,
-            then emit the rule's own token and stop; rejected draft slots are truncated away.
+    step N    schedule -> execute -> update_from_output -> propose (this module): draft_ids for step N + 1
+    step N+1  a sequence with a draft d0..d(k-1) computes k + 1 tokens: its newest token t, then the draft
+                  rows     t   d0  d1  d2           (the scheduler gives them slots, like any tokens)
+                  logits   r0  r1  r2  r3           row j decides the token after t, d0, .., d(j-1)
+              the runner judges the rows exactly as plain decoding would sample them
+              (generation/speculative.py: verify_draft); update_from_output appends the kept tokens
+              and gives back the slots of the rejected ones
 
-Every token goes through the engine's usual ``_append`` (detokenizer, stop strings, max_tokens,
+Every token goes through the engine's usual output builder (detokenizer, stop strings, max_tokens,
 EOS, logprobs), one at a time, so speculation changes how many tokens a step emits, never which.
 Speculative and plain sequences share one step: the batch is flat, and ``query_lens`` already lets
 a sequence bring several rows.
 
 Two drafters: ``"ngram"`` (prompt lookup, generation/speculative.py) and ``"self"`` - the model's
-first ``num_draft_layers`` layers and its LM head (early exit), writing the K/V of those layers
-into the very slots the verify forward then overwrites with equal values: no second model, no
-second cache.
+first ``num_draft_layers`` layers and its LM head (early exit), run through the model runner (so
+every tensor-parallel rank runs them too), writing the K/V of those layers into lookahead slots
+the scheduler gives, which the verify forward then overwrites with equal values: no second model,
+no second cache.
 """
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-import numpy as np
-
-from minillm.generation.sampling import Sampler
-from minillm.generation.speculative import NgramDrafter, accept_or_resample, sample_from
-from minillm.model.transformer import Model
-from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache
-from minillm.runtime.scheduler import ScheduledSeq, SchedulerOutput
+from minillm.generation.speculative import NgramDrafter
+from minillm.runtime.model_runner import ModelRunner
+from minillm.runtime.scheduler import Scheduler, SchedulerOutput
 from minillm.runtime.sequence import Sequence
 
 METHODS = ("ngram", "self")
@@ -130,43 +126,54 @@ class SeqRecord:
 
 
 class SpeculativeDecoder:
-    """Drafts for the decode sequences of a step, verifies them, rolls back, counts."""
+    """Proposes drafts for the running sequences after each step, and counts how the last ones fared."""
 
-    def __init__(self, config: SpeculativeConfig, model: Model, cache: PagedKVCache, block_manager: BlockManager,
-                 sampler: Sampler, max_model_len: int):
-        if config.method == "self" and config.num_draft_layers >= model.config.n_layers:
+    def __init__(self, config: SpeculativeConfig, num_layers: int, max_model_len: int):
+        if config.method == "self" and config.num_draft_layers >= num_layers:
             raise ValueError(f"num_draft_layers ({config.num_draft_layers}) must be below the model's "
-                             f"{model.config.n_layers} layers")
-        self.config, self.model, self.cache, self.bm = config, model, cache, block_manager
-        self.sampler, self.max_model_len = sampler, max_model_len
+                             f"{num_layers} layers")
+        self.config, self.max_model_len = config, max_model_len
         self.ngram = NgramDrafter(config.prompt_lookup_max, config.prompt_lookup_min)
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
         # weak keys: a sequence's record goes when the engine lets the sequence go
         self.records: weakref.WeakKeyDictionary[Sequence, SeqRecord] = weakref.WeakKeyDictionary()
 
-    # ---- drafting -------------------------------------------------------------------
+    def propose(self, plan: SchedulerOutput, scheduler: Scheduler, runner: ModelRunner) -> None:
+        """Count the drafts ``plan`` verified, then give the running sequences drafts for the next step.
 
-    def draft(self, plan: SchedulerOutput, budget: int) -> None:
-        """Give drafts to the step's decode sequences while ``budget`` (batch tokens left) and blocks allow."""
-        limit = self.config.disable_by_batch_size
-        if limit is not None and len(plan.scheduled) > limit:
-            return
-        candidates = []
+        The drafts together stay within the next step's token budget (after one token per running
+        sequence); none while more sequences than ``disable_by_batch_size`` run or wait, since the
+        next step may schedule all of them.
+        """
         for s in plan.scheduled:
-            k = min(self._room(s), budget)
+            if s.draft:
+                self._count(s.seq, len(s.draft), s.num_accepted)
+        limit = self.config.disable_by_batch_size
+        if limit is not None and len(scheduler.running) + len(scheduler.waiting) > limit:
+            return
+        budget, candidates = scheduler.max_num_batched_tokens - len(scheduler.running), []
+        for seq in scheduler.running:
+            k = min(self._room(seq), budget)
             if k > 0:
-                candidates.append((s, k))
+                candidates.append((seq, k))
                 budget -= k
         if self.config.method == "ngram":
-            for s, k in candidates:
-                self._reserve(s, self.ngram.propose(s.seq.token_ids, k), plan)
-        else:
-            self._draft_early_exit([(s, k) for s, k in candidates if self.bm.can_append_slots(s.seq.seq_id, k)], plan)
+            for seq, k in candidates:
+                seq.draft_ids = self.ngram.propose(seq.token_ids, k)
+            return
+        copies, seqs, ks = [], [], []
+        for seq, k in candidates:   # early exit writes K/V for the newest token and k - 1 guesses
+            if (more := scheduler.allocate_lookahead(seq, k)) is not None:
+                copies += more
+                seqs.append(seq)
+                ks.append(k)
+        for seq, draft in zip(seqs, runner.draft(seqs, ks, copies, self.config.num_draft_layers) if seqs else []):
+            seq.draft_ids = draft
 
-    def _room(self, s: ScheduledSeq) -> int:
-        """Draft tokens this sequence may take: 0 unless it is a plain decode step that may speculate."""
-        seq, p = s.seq, s.seq.params
-        if not (s.num_new == 1 and s.completes_prefill and seq.output_ids) or seq.sampler_state.guide is not None:
+    def _room(self, seq: Sequence) -> int:
+        """Draft tokens this sequence may take: 0 unless its next step is a plain decode that may speculate."""
+        p = seq.params
+        if seq.num_uncomputed != 1 or not seq.output_ids or seq.draft_ids or seq.sampler_state.guide is not None:
             return 0
         if self.records.setdefault(seq, SeqRecord()).disabled:
             return 0
@@ -175,82 +182,7 @@ class SpeculativeDecoder:
             k = min(k, p.max_tokens - len(seq.output_ids) - 1)
         return min(k, self.max_model_len - seq.num_tokens)  # draft positions stay inside the context
 
-    def _reserve(self, s: ScheduledSeq, draft: list[int], plan: SchedulerOutput) -> None:
-        if not draft or not self.bm.can_append_slots(s.seq.seq_id, len(draft)):
-            return
-        if (copy := self.bm.append_lookahead_slots(s.seq.seq_id, len(draft))) is not None:
-            plan.copies.append(copy)
-        s.draft = draft
-
-    def _draft_early_exit(self, candidates: list[tuple[ScheduledSeq, int]], plan: SchedulerOutput) -> None:
-        """k greedy early-exit forwards, batched over the sequences: each runs the previous guess."""
-        if not candidates:
-            return
-        for s, k in candidates:
-            if (copy := self.bm.append_lookahead_slots(s.seq.seq_id, k)) is not None:
-                plan.copies.append(copy)
-        for src, dst in plan.copies:            # the draft reads those blocks before the runner would copy them
-            self.cache.copy_block(src, dst)     # (the runner copies again: harmless, src is unchanged)
-        drafts: list[list[int]] = [[] for _ in candidates]
-        for step in range(max(k for _, k in candidates)):
-            active = [i for i, (_, k) in enumerate(candidates) if len(drafts[i]) < k]
-            seqs = [candidates[i][0].seq for i in active]
-            tokens = np.array([drafts[i][-1] if drafts[i] else seq.token_ids[-1] for i, seq in zip(active, seqs)])
-            meta = PagedAttentionMetadata.build(
-                [1] * len(active), [seq.num_computed + step for seq in seqs],
-                [self.bm.block_table(seq.seq_id) for seq in seqs], self.bm.block_size)
-            logits = self.model.forward(tokens, meta, self.cache, num_layers=self.config.num_draft_layers)
-            guesses = np.argmax(logits, axis=-1)                         # (len(active),)
-            for i, guess in zip(active, guesses):
-                drafts[i].append(int(guess))
-        for (s, _), draft in zip(candidates, drafts):
-            s.draft = draft
-
-    # ---- verifying ------------------------------------------------------------------
-
-    def verify(self, s: ScheduledSeq, logits: np.ndarray, append: Callable, now: float) -> list:
-        """Emit the tokens rows ``logits`` (1 + k, V) decide, roll the cache back to them; -> StepOutputs.
-
-        ``append(seq, token, logprobs, now)`` is the engine's: each token is appended before the
-        next row is judged, so penalties, min_tokens and stop checks see exactly what plain
-        decoding would have shown them. Runs after ``Scheduler.mark_computed`` counted the
-        newest token as computed.
-        """
-        seq, draft, state = s.seq, s.draft, s.seq.sampler_state
-        computed = seq.num_computed            # the newest token's K/V are in; the draft's are written too
-        outputs, accepted = [], 0
-        for j in range(len(draft) + 1):
-            guess = draft[j] if j < len(draft) else None
-            token, logprobs = self._decide(logits[j:j + 1], state, guess)
-            outputs.append(append(seq, token, logprobs, now))
-            if seq.finished or token != guess:
-                break
-            accepted += 1
-        self._count(seq, len(draft), accepted)
-        if not seq.finished:                   # finished: its blocks are freed already
-            seq.num_computed = computed + accepted
-            self.bm.truncate(seq.seq_id, seq.num_computed)
-            self.bm.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed)
-        return outputs
-
-    def _decide(self, row: np.ndarray, state, guess: int | None):
-        """The token at one verified row (1, V), with its logprobs: as plain decoding samples it."""
-        if state.params.greedy:                # greedy acceptance: keep the guess iff it is the argmax
-            drawn = self.sampler.sample(row, [state])
-            return int(drawn.token_ids[0]), drawn.logprobs[0]
-        p = self.sampler.probabilities(row, [state])[0]                 # (V,) the target's distribution
-        if guess is None:
-            token = sample_from(p, state.rng)                            # the bonus row: a plain draw
-        else:                                  # a deterministic drafter: q is one-hot on the guess
-            q = np.zeros_like(p)
-            q[guess] = 1.0
-            token, _ = accept_or_resample(p, q, guess, state.rng)
-        logprobs = Sampler.logprobs(row, np.array([token]), [state.params])[0]
-        return token, logprobs
-
     def _count(self, seq: Sequence, drafted: int, accepted: int) -> None:
-        if drafted == 0:
-            return
         st = self.stats
         st.num_drafts += 1
         st.num_draft_tokens += drafted

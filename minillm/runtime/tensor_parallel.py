@@ -2,7 +2,7 @@
 
     rank 0 (the engine's process)                   ranks 1 .. N-1 (spawned processes)
     scheduler, block manager, sampler
-    each step: broadcast the plan              ->   copy-on-write copies, token ids, block tables
+    each forward: broadcast the plan           ->   copy-on-write copies, token ids, block tables, depth
     forward on its shard                            forward on its shard
       all-reduce the embedding, after O and down <-> the same collectives, in the same order
       gather the vocabulary slices of the logits <-  its slice
@@ -10,6 +10,8 @@
 
 Every rank keeps a paged KV cache for its own KV heads, with the same blocks as rank 0's block
 manager hands out, so the plan - block tables and slot mapping - is the only state that travels.
+Every forward of the engine goes through its model runner, the early-exit drafter's too (with the
+number of layers to run), so speculative decoding runs on the group like plain decoding.
 The collectives are gloo's (the CPU backend; GPU ranks would use NCCL with device tensors); their
 tensors are the NumPy arrays themselves (``torch.from_numpy`` shares the memory, and all_reduce
 writes the sum in place).
@@ -38,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minillm.generation.sampling import Sampler
 from minillm.hardware.collectives import free_port
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata
@@ -46,7 +49,6 @@ from minillm.model.transformer import ModelWeights
 from minillm.runtime.block_manager import BlockManager
 from minillm.runtime.model_runner import ModelRunner
 from minillm.runtime.paged_cache import PagedKVCache
-from minillm.runtime.scheduler import ScheduledSeq
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for a rank before the run fails
 
@@ -119,9 +121,9 @@ def build_rank(config: ModelConfig, shard: Shard, weights: ModelWeights, backend
 
 
 def timed_forward(model: ShardedModel, collectives: Collectives, token_ids: np.ndarray, meta: AttentionMetadata,
-                  cache: PagedKVCache) -> np.ndarray | None:
+                  cache: PagedKVCache, num_layers: int | None = None) -> np.ndarray | None:
     start = time.perf_counter()
-    logits = model.forward(token_ids, meta, cache)
+    logits = model.forward(token_ids, meta, cache, num_layers=num_layers)
     collectives.forward_seconds += time.perf_counter() - start
     collectives.steps += 1
     return logits
@@ -148,10 +150,10 @@ def worker(rank: int, world_size: int, path: str, backend: str, activations: str
             dist.broadcast_object_list(message, src=0)
             kind, *args = message[0]
             if kind == "step":
-                copies, token_ids, meta = args
+                copies, token_ids, meta, num_layers = args
                 for src, dst in copies:
                     cache.copy_block(src, dst)
-                timed_forward(model, collectives, token_ids, meta, cache)
+                timed_forward(model, collectives, token_ids, meta, cache, num_layers)
             elif kind == "cache":
                 cache = PagedKVCache(model.config, *args, model.ops)
             elif kind == "timings":
@@ -240,12 +242,13 @@ class TensorParallelGroup:
         except Exception as e:
             self._fail(e)
 
-    def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: PagedKVCache) -> np.ndarray:
-        """Rank 0's part of a step the workers were sent: its forward, then the gathered logits (L, V)."""
+    def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: PagedKVCache,
+                num_layers: int | None = None) -> np.ndarray:
+        """Rank 0's part of a forward the workers were sent: its forward, then the gathered logits (L, V)."""
         threads = numba.get_num_threads()
         numba.set_num_threads(self.threads)  # per calling thread in Numba: the server steps in its own
         try:
-            return timed_forward(self.model, self.collectives, token_ids, meta, cache)
+            return timed_forward(self.model, self.collectives, token_ids, meta, cache, num_layers)
         except Exception as e:
             self._fail(e)
         finally:
@@ -264,8 +267,8 @@ class TensorParallelGroup:
             self.collectives.reset()
         return replies
 
-    def runner(self, block_manager: BlockManager) -> TensorParallelRunner:
-        return TensorParallelRunner(self, block_manager)
+    def runner(self, block_manager: BlockManager, sampler: Sampler) -> TensorParallelRunner:
+        return TensorParallelRunner(self, block_manager, sampler)
 
     # ---- failure and shutdown -------------------------------------------------------------
 
@@ -315,25 +318,17 @@ def shutdown(workers: list, state: dict) -> None:
 
 
 class TensorParallelRunner(ModelRunner):
-    """The engine's ModelRunner for a group: rank 0's cache and forward, each step sent to the workers first.
+    """The engine's ModelRunner for a group: rank 0's cache, forward and sampler; each forward sent to the
+    workers first, so every rank applies the same copy-on-write copies before the same writes."""
 
-    Copy-on-write copies the engine asks for between steps wait for the next step's message, so
-    every rank applies them at the same point: before that step's forward writes anything.
-    """
-
-    def __init__(self, group: TensorParallelGroup, block_manager: BlockManager):
-        super().__init__(group.model, block_manager)
+    def __init__(self, group: TensorParallelGroup, block_manager: BlockManager, sampler: Sampler):
+        super().__init__(group.model, block_manager, sampler)
         self.group = group
-        self.pending_copies: list[tuple[int, int]] = []
         group.send("cache", block_manager.num_blocks, block_manager.block_size)
 
-    def copy_block(self, src: int, dst: int) -> None:
-        self.pending_copies.append((src, dst))
-
-    def run(self, scheduled: list[ScheduledSeq], copies: list[tuple[int, int]]) -> np.ndarray:
-        copies, self.pending_copies = self.pending_copies + list(copies), []
-        token_ids, meta = self.prepare(scheduled)
-        self.group.send("step", copies, token_ids, meta)
+    def forward(self, copies: list[tuple[int, int]], token_ids: np.ndarray, meta: AttentionMetadata,
+                num_layers: int | None = None) -> np.ndarray:
+        self.group.send("step", copies, token_ids, meta, num_layers)
         for src, dst in copies:
             self.cache.copy_block(src, dst)
-        return self.group.forward(token_ids, meta, self.cache)
+        return self.group.forward(token_ids, meta, self.cache, num_layers)
