@@ -69,12 +69,32 @@ def byte_tree(node, rule_number: dict[str, int]):
     raise TypeError(f"not a grammar node: {node!r}")
 
 
+def reachable_rules(grammar: Grammar) -> list[str]:
+    """The rules the start rule uses, directly or not, the start rule first (others are left out)."""
+    names, todo = [grammar.start], [grammar.rules[grammar.start]]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Ref):
+            if node.name not in grammar.rules:
+                raise GrammarError(f"rule {node.name!r} is referenced but not defined")
+            if node.name not in names:
+                names.append(node.name)
+                todo.append(grammar.rules[node.name])
+        elif isinstance(node, Concat):
+            todo.extend(node.parts)
+        elif isinstance(node, Alternate):
+            todo.extend(node.options)
+        elif isinstance(node, Repeat):
+            todo.append(node.node)
+    return names
+
+
 def compile_rules(grammar: Grammar, budget: CompileBudget | None = None) -> tuple[list[str], list[DFA]]:
     """Every rule's minimal DFA over bytes + rule symbols, the start rule first."""
     budget = budget or CompileBudget()
-    names = [grammar.start] + [n for n in grammar.rules if n != grammar.start]
     if grammar.start not in grammar.rules:
         raise GrammarError(f"the start rule {grammar.start!r} is not defined")
+    names = reachable_rules(grammar)
     budget.count("grammar_rules", len(names))
     number = {n: k for k, n in enumerate(names)}
     dfas = []

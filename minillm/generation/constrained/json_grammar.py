@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 from urllib.parse import unquote
 
@@ -101,18 +102,41 @@ INTEGER = parse(r"-?(?:0|[1-9][0-9]*)")
 NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 _H16 = "[0-9a-fA-F]{1,4}"
-_IPV6 = "|".join([f"(?:{_H16}:){{7}}{_H16}"] + [
-    (f"(?:{_H16}(?::{_H16}){{{i - 1}}})" if i else "") + "::" + (f"(?:{_H16}(?::{_H16}){{0,{6 - i}}})?" if i < 7 else "")
-    for i in range(8)])
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_DATE = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
-_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
+
+
+def _groups(n: int) -> str:
+    """Up to n 16-bit groups before "::" (RFC 3986's [ *(n-1)( h16 ":" ) h16 ])."""
+    return "" if n < 0 else f"(?:{_H16}(?::{_H16}){{0,{n - 1}}})?" if n else ""
+
+
+_IPV6 = "|".join([f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}"]
+                 + [f"{_groups(i)}::" + (f"(?:{_H16}:){{{4 - i}}}" if i < 4 else "") + _LS32 for i in range(1, 5)]
+                 + [f"{_groups(5)}::{_H16}", f"{_groups(6)}::"])
+# RFC 3986's URI (IPvFuture left out): scheme ":" hier-part ["?" query] ["#" fragment]
+_PCT = "%[0-9A-Fa-f]{2}"
+_UNRESERVED_SUB = r"A-Za-z0-9\-._~!$&'()*+,;="
+_PCHAR = f"(?:[{_UNRESERVED_SUB}:@]|{_PCT})"
+_SEGMENT, _SEGMENT_NZ = f"{_PCHAR}*", f"{_PCHAR}+"
+_AUTHORITY = (f"(?:(?:[{_UNRESERVED_SUB}:]|{_PCT})*@)?"
+              f"(?:\\[(?:{_IPV6})\\]|(?:[{_UNRESERVED_SUB}]|{_PCT})*)(?::[0-9]*)?")
+_HIER = (f"(?://{_AUTHORITY}(?:/{_SEGMENT})*|/(?:{_SEGMENT_NZ}(?:/{_SEGMENT})*)?|{_SEGMENT_NZ}(?:/{_SEGMENT})*|)")
+_URI = f"[A-Za-z][A-Za-z0-9+.\\-]*:{_HIER}(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+_YEAR = "[0-9]{4}"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+         f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
+# no leap second (":60"): whether one is valid depends on the offset; leaving it out only narrows
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 FORMATS = {
     "date": _DATE, "time": _TIME, "date-time": f"{_DATE}[Tt]{_TIME}",
-    "email": r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*",
+    "email": r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+             r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*",
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "uri": r"[A-Za-z][A-Za-z0-9+.\-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*",
-    "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}", "ipv6": _IPV6,
+    "uri": _URI,
+    "ipv4": _IPV4, "ipv6": _IPV6,
 }
 
 
@@ -173,14 +197,20 @@ def number_bound_regex(bound: Decimal, strict: bool, lower: bool) -> str:
 # ---- the compiler ---------------------------------------------------------------------------
 
 
-def schema_to_grammar(schema, budget: CompileBudget | None = None) -> Grammar:
-    """The grammar of `schema`'s instances (see the module docstring). Raises SchemaError."""
+def schema_to_grammar(schema, budget: CompileBudget | None = None, draft: str | None = None) -> Grammar:
+    """The grammar of `schema`'s instances (see the module docstring). Raises SchemaError.
+
+    `draft` ("2020-12", "7", "4"; default: from ``$schema``, else 2020-12) decides one thing: before
+    2019-09 a ``$ref`` overrides the keywords beside it, since then it is one more constraint."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise SchemaError(f"the schema is not valid JSON: {e}") from None
-    compiler = _Compiler(schema, budget or CompileBudget())
+    if draft is None:
+        declared = schema.get("$schema", "") if isinstance(schema, dict) else ""
+        draft = next((d for d in ("4", "6", "7") if f"draft-0{d}" in str(declared)), "2020-12")
+    compiler = _Compiler(schema, budget or CompileBudget(), ref_overrides=draft in ("4", "6", "7"))
     compiler.grammar.rules["root"] = compiler.node(schema, "$")
     return compiler.grammar
 
@@ -192,9 +222,14 @@ def json_object_grammar() -> Grammar:
     return compiler.grammar
 
 
+class Unsatisfiable(SchemaError):
+    """No instance satisfies the schema (false, types with nothing in common, bounds that cross).
+    Where an alternative, a property or an item is unsatisfiable it is simply left out."""
+
+
 class _Compiler:
-    def __init__(self, root, budget: CompileBudget):
-        self.root, self.budget = root, budget
+    def __init__(self, root, budget: CompileBudget, ref_overrides: bool = False):
+        self.root, self.budget, self.ref_overrides = root, budget, ref_overrides
         self.grammar = Grammar("root")
         self.shared: dict[object, str] = {}      # body -> rule name: equal bodies share one rule
         self.refs: dict[str, str] = {}           # JSON pointer -> the rule of its target
@@ -248,13 +283,13 @@ class _Compiler:
         if schema is True or schema == {}:
             return self.any_value()
         if schema is False:
-            raise SchemaError(f"the schema at {path} is false: no instance is valid")
+            raise Unsatisfiable(f"the schema at {path} is false: no instance is valid")
         if not isinstance(schema, dict):
             raise SchemaError(f"the schema at {path} must be an object or a boolean, got {type(schema).__name__}")
+        schema = _draft4_bounds(self.merge_all_of(schema, path))
         for key, why in REFUSED.items():
             if key in schema and not (key in ("then", "else") and "if" not in schema):
                 raise SchemaError(f"{key} at {path} is not supported: {why}")
-        schema = _draft4_bounds(self.merge_all_of(schema, path))
         if "$ref" in schema:
             return self.reference(schema, path)
         options = [k for k in ("anyOf", "oneOf") if k in schema]
@@ -268,13 +303,35 @@ class _Compiler:
             raise SchemaError(f"type at {path} must be one of {', '.join(TYPES)} or a non-empty list of them")
         if "integer" in types and "number" in types and "multipleOf" not in schema:
             types = [t for t in types if t != "integer"]   # every integer is a number
-        compiled = [self.typed(t, schema, path) for t in types]
+        compiled = self.satisfiable([lambda t=t: self.typed(t, schema, path) for t in types],
+                                    f"no type of {types} at {path} has a valid instance")
         return compiled[0] if len(compiled) == 1 else Alternate(tuple(compiled))
+
+    @staticmethod
+    def satisfiable(makers, message: str) -> list:
+        """The nodes of the alternatives that have instances; Unsatisfiable if none has."""
+        out = []
+        for make in makers:
+            try:
+                out.append(make())
+            except Unsatisfiable:
+                continue
+        if not out:
+            raise Unsatisfiable(message)
+        return out
 
     def resolve(self, ref, path: str):
         """The schema a local $ref points at."""
+        base = self.root.get("$id", self.root.get("id")) if isinstance(self.root, dict) else None
+        if isinstance(ref, str) and isinstance(base, str) and ref.startswith(base.rstrip("#")):
+            ref = "#" + ref[len(base.rstrip("#")):].lstrip("#")     # the root's own address
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise SchemaError(f"$ref {ref!r} at {path}: only references inside this schema (#...) are supported")
+        if ref[1:2] not in ("", "/"):                                  # "#name": an $anchor (or a draft-07 "$id": "#name")
+            found = _find_anchor(self.root, ref[1:])
+            if found is None:
+                raise SchemaError(f"$ref {ref!r} at {path} names no $anchor of this schema")
+            return found
         target = self.root
         for part in [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/")[1:]]:
             if isinstance(target, dict) and part in target:
@@ -289,13 +346,16 @@ class _Compiler:
         ref = schema["$ref"]
         rest = {k: v for k, v in schema.items() if k not in ("$ref", "$defs", "definitions") and not _annotation(k)}
         target = self.resolve(ref, path)
-        if rest:   # 2020-12: $ref beside other keywords is allOf of both
+        if rest and not self.ref_overrides:   # 2020-12: $ref beside other keywords is allOf of both
             return self.node({"allOf": [target, rest]}, path)
         if ref not in self.refs:   # named before compiling: a recursive reference finds it
-            self.refs[ref] = f"ref_{len(self.grammar.rules)}"
-            self.grammar.rules[self.refs[ref]] = None
-            body = self.node(target, ref)
-            self.grammar.rules[self.refs[ref]] = body
+            name = self.refs[ref] = f"ref_{len(self.grammar.rules)}"
+            self.grammar.rules[name] = None
+            try:
+                self.grammar.rules[name] = self.node(target, ref)
+            except SchemaError:
+                del self.refs[ref], self.grammar.rules[name]
+                raise
         return Ref(self.refs[ref])
 
     def merge_all_of(self, schema: dict, path: str) -> dict:
@@ -310,8 +370,12 @@ class _Compiler:
             where = f"{path}.allOf[{i}]"
             if part is True:
                 continue
+            if part is False:
+                raise Unsatisfiable(f"the schema at {where} is false: no instance is valid")
             if not isinstance(part, dict):
-                raise SchemaError(f"the schema at {where} is false or not an object")
+                raise SchemaError(f"the schema at {where} must be an object or a boolean")
+            if "$ref" in part and self.ref_overrides:
+                part = {"$ref": part["$ref"]}
             if "$ref" in part:
                 target = self.resolve(part["$ref"], where)
                 if target is schema or (isinstance(target, dict) and "allOf" in target and schema in target["allOf"]):
@@ -326,28 +390,27 @@ class _Compiler:
         if not isinstance(options, list) or not options:
             raise SchemaError(f"{keyword} at {path} must be a non-empty list")
         rest = {k: v for k, v in schema.items() if k != keyword}
-        compiled = []
+        makers = []
         for i, option in enumerate(options):
-            if option is False:
-                continue
             option = {} if option is True else option
             combined = {"allOf": [rest, option]} if any(not _annotation(k) for k in rest) else option
-            compiled.append(self.node(combined, f"{path}.{keyword}[{i}]"))
-        if not compiled:
-            raise SchemaError(f"every option of {keyword} at {path} is false")
+            makers.append(lambda c=combined, i=i: self.node(c, f"{path}.{keyword}[{i}]"))
+        compiled = self.satisfiable(makers, f"no option of {keyword} at {path} has a valid instance")
         return compiled[0] if len(compiled) == 1 else Alternate(tuple(compiled))
 
     def enumeration(self, schema: dict, path: str):
         values = [schema["const"]] if "const" in schema else schema["enum"]
-        if not isinstance(values, list) or not values:
-            raise SchemaError(f"enum at {path} must be a non-empty list")
+        if not isinstance(values, list):
+            raise SchemaError(f"enum at {path} must be a list")
+        if not values:
+            raise Unsatisfiable(f"enum at {path} is empty: no instance is valid")
         if "type" in schema:
             types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
             values = [v for v in values if any(_is_type(v, t) for t in types)]
         if "enum" in schema and "const" in schema:
             values = [v for v in values if any(_json_equal(v, e) for e in schema["enum"])]
         if not values:
-            raise SchemaError(f"no value of enum/const at {path} is valid")
+            raise Unsatisfiable(f"no value of enum/const at {path} is valid")
         options = [value_literal(v) for v in values]
         return options[0] if len(options) == 1 else Alternate(tuple(options))
 
@@ -377,7 +440,7 @@ class _Compiler:
         """The byte DFA of the JSON spelling (quotes included) of the strings `schema` allows."""
         lo, hi = _count(schema, "minLength", path), _count(schema, "maxLength", path, None)
         if hi is not None and hi < lo:
-            raise SchemaError(f"maxLength < minLength at {path}: no string is valid")
+            raise Unsatisfiable(f"maxLength < minLength at {path}: no string is valid")
         contents = [Repeat(STRING_CHAR, lo, hi)]
         if "pattern" in schema:
             contents.append(json_content(pattern_tree(schema["pattern"], f"{path}.pattern")))
@@ -401,32 +464,15 @@ class _Compiler:
             if (value := _bound(schema, key, path)) is not None:
                 hi = bound(value) if hi is None else min(hi, bound(value))
         if lo is not None and hi is not None and lo > hi:
-            raise SchemaError(f"no integer lies within the bounds at {path}")
-        step = self.integer_step(schema, path)
+            raise Unsatisfiable(f"no integer lies within the bounds at {path}")
+        step = multiple_of(schema, path)
         if step is None:
             return INTEGER if lo is None and hi is None else parse(integer_range_regex(lo, hi))
-        key = json.dumps([lo, hi, step])
-        return self.terminal("integer", key, lambda: intersect(
-            byte_dfa(parse(integer_range_regex(lo, hi)) if lo is not None or hi is not None else INTEGER),
-            multiple_of_dfa(step), self.budget))
-
-    @staticmethod
-    def integer_step(schema: dict, path: str) -> int | None:
-        """multipleOf as an integer step (None: no constraint on integers)."""
-        if "multipleOf" not in schema:
-            return None
-        m = schema["multipleOf"]
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
-            raise SchemaError(f"multipleOf at {path} must be a number > 0")
-        if float(m).is_integer():
-            return int(m) if int(m) > 1 else None
-        if (1 / m).is_integer():
-            return None   # every integer is a multiple of 1/k
-        raise SchemaError(f"multipleOf {m} at {path} is not supported: only integer steps are")
+        digits = byte_dfa(parse(integer_range_regex(lo, hi)) if lo is not None or hi is not None else INTEGER)
+        return self.terminal("integer", json.dumps([lo, hi, step]),
+                             lambda: intersect(digits, multiple_of_dfa(*step, fraction=False), self.budget))
 
     def number(self, schema: dict, path: str):
-        if "multipleOf" in schema:   # integer-valued numbers only: the multiples of an integer step
-            return self.integer(schema, path)
         bounds = []
         for key, lower, strict in (("minimum", True, False), ("exclusiveMinimum", True, True),
                                    ("maximum", False, False), ("exclusiveMaximum", False, True)):
@@ -434,24 +480,25 @@ class _Compiler:
             if value is not None:
                 bounds.append(number_bound_regex(Decimal(repr(value)) if isinstance(value, float) else Decimal(value),
                                                  strict, lower))
-        if not bounds:
+        step = multiple_of(schema, path)
+        if not bounds and step is None:
             return NUMBER
-        key = json.dumps(bounds)
 
         def make():
-            dfa = None
-            for b in bounds:
-                part = byte_dfa(parse(b), self.budget)
-                dfa = part if dfa is None else intersect(dfa, part, self.budget)
+            parts = [byte_dfa(parse(b), self.budget) for b in bounds]
+            parts += [multiple_of_dfa(*step, fraction=True)] if step is not None else []
+            dfa = parts[0]
+            for part in parts[1:]:
+                dfa = intersect(dfa, part, self.budget)
             return dfa
-        return self.terminal("number", key, make)
+        return self.terminal("number", json.dumps([bounds, step]), make)
 
     # ---- arrays ----------------------------------------------------------------------
 
     def array(self, schema: dict, path: str):
         lo, hi = _count(schema, "minItems", path), _count(schema, "maxItems", path, None)
         if hi is not None and hi < lo:
-            raise SchemaError(f"maxItems < minItems at {path}: no array is valid")
+            raise Unsatisfiable(f"maxItems < minItems at {path}: no array is valid")
         if schema.get("uniqueItems") is True and (hi is None or hi > 1):
             raise SchemaError(f"uniqueItems at {path} is not supported: a grammar cannot compare items")
         prefix = schema.get("prefixItems", [])
@@ -461,12 +508,21 @@ class _Compiler:
             prefix, rest = items, schema.get("additionalItems", True)
         if not isinstance(prefix, list):
             raise SchemaError(f"prefixItems at {path} must be a list")
-        elements = [self.element(s, f"{path}.prefixItems[{i}]") for i, s in enumerate(prefix)]
-        rest_node = None if rest is False else self.element(rest, f"{path}.items")
+        elements = []
+        for i, sub in enumerate(prefix):
+            try:
+                elements.append(self.element(sub, f"{path}.prefixItems[{i}]"))
+            except Unsatisfiable:   # no item may stand at position i: the array ends before it
+                prefix, rest = prefix[:i], False
+                break
+        try:
+            rest_node = None if rest is False else self.element(rest, f"{path}.items")
+        except Unsatisfiable:
+            rest_node, rest = None, False
         if rest_node is None:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
             if hi < lo:
-                raise SchemaError(f"minItems at {path} needs more items than prefixItems allows")
+                raise Unsatisfiable(f"minItems at {path} needs more items than prefixItems allows")
         if "contains" in schema:
             return self.array_containing(schema, prefix, rest, lo, hi, path)
         body = _sequence(elements, rest_node, lo, hi)
@@ -509,15 +565,16 @@ class _Compiler:
         for name in declared:
             if name_dfa is not None and not name_dfa.fullmatch(json.dumps(name, ensure_ascii=False).encode()):
                 if name in required:
-                    raise SchemaError(f"required property {name!r} at {path} does not satisfy propertyNames")
+                    raise Unsatisfiable(f"required property {name!r} at {path} does not satisfy propertyNames")
                 continue
-            value = self.property_schema(name, props, patterns, extra, path)
-            if value is False:
+            try:
+                element = self.element(self.property_schema(name, props, patterns, extra, path),
+                                       f"{path}.properties.{name}")
+            except Unsatisfiable:
                 if name in required:
-                    raise SchemaError(f"required property {name!r} at {path} is not allowed by the schema")
-                continue
-            pair = Concat((value_literal(name), KEY_SEP, self.element(value, f"{path}.properties.{name}")))
-            fields.append((pair, name in required))
+                    raise Unsatisfiable(f"required property {name!r} at {path} has no valid value") from None
+                continue   # the property may not appear
+            fields.append((Concat((value_literal(name), KEY_SEP, element)), name in required))
         additional = self.additional_pairs(declared, patterns, extra, name_dfa, path)
         lo, hi = _count(schema, "minProperties", path), _count(schema, "maxProperties", path, None)
         body = self.members(fields, additional, lo, hi, path)
@@ -554,27 +611,39 @@ class _Compiler:
         return self.string_dfa({k: v for k, v in names.items() if k in known}, path)
 
     def additional_pairs(self, declared, patterns, extra, name_dfa, path):
-        """One pair of a property outside `declared`, or None when no such property may appear."""
-        key = json.dumps([declared, sorted(patterns), extra is False, name_dfa is None])
-        others = None
-        options = []
+        """One pair of a property outside `declared`, or None when no such property may appear.
+
+        A key's value must satisfy every patternProperties schema whose pattern the key matches
+        (additionalProperties when it matches none), so the keys are split by the set of patterns
+        they match: one key language per set (the intersection of those patterns and the
+        complements of the others), the sets whose language is empty pruned as they are found."""
+        key = json.dumps([declared, list(patterns), name_dfa is None])
         base = byte_dfa(Concat((QUOTE, Repeat(STRING_CHAR, 0, None), QUOTE)))
         if declared:
             base = intersect(base, complement(byte_dfa(Alternate(tuple(value_literal(n) for n in declared)))))
         if name_dfa is not None:
             base = intersect(base, name_dfa)
-        for i, (pattern, sub) in enumerate(patterns.items()):
-            if sub is False:
-                continue
-            keys = intersect(base, pattern_dfa(pattern, f"{path}.patternProperties"))
-            options.append(Concat((self.terminal("key", f"{key}/{i}", lambda k=keys: k), KEY_SEP,
-                                   self.element(sub, f"{path}.patternProperties.{pattern}"))))
-        if extra is not False:
-            others = base
-            for pattern in patterns:
-                others = intersect(others, complement(pattern_dfa(pattern, f"{path}.patternProperties")))
-            options.append(Concat((self.terminal("key", f"{key}/rest", lambda: others), KEY_SEP,
-                                   self.element(extra, f"{path}.additionalProperties"))))
+        items = list(patterns.items())
+        dfas = [pattern_dfa(p, f"{path}.patternProperties") for p, _ in items]
+        options = []
+
+        def split(i: int, keys, matched: tuple[int, ...]):
+            self.budget.check_time()
+            if not keys.accepting.any():
+                return
+            if i == len(items):
+                value = extra if not matched else _both_all([items[k][1] for k in matched])
+                where = f"{path}.additionalProperties" if not matched else f"{path}.patternProperties"
+                try:
+                    element = self.element(value, where)
+                except Unsatisfiable:   # keys of this set cannot appear (e.g. false, or types that clash)
+                    return
+                options.append(Concat((self.terminal("key", f"{key}/{matched}", lambda: keys), KEY_SEP, element)))
+                return
+            split(i + 1, intersect(keys, dfas[i], self.budget), (*matched, i))
+            split(i + 1, intersect(keys, complement(dfas[i]), self.budget), matched)
+
+        split(0, base, ())
         if not options:
             return None
         return self.rule("pair", options[0] if len(options) == 1 else Alternate(tuple(options)))
@@ -620,11 +689,27 @@ class _Compiler:
 
         body = rest(0, 0)
         if body is None:
-            raise SchemaError(f"no object satisfies the property counts and names at {path}")
+            raise Unsatisfiable(f"no object satisfies the property counts and names at {path}")
         return body
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+
+def _find_anchor(schema, name: str):
+    """The subschema whose $anchor is `name` (or, before 2019-09, whose $id is "#name")."""
+    if isinstance(schema, dict):
+        if schema.get("$anchor") == name or schema.get("$id") == "#" + name:
+            return schema
+        children = schema.values()
+    elif isinstance(schema, list):
+        children = schema
+    else:
+        return None
+    for child in children:
+        if (found := _find_anchor(child, name)) is not None:
+            return found
+    return None
 
 
 def _has_none(node) -> bool:
@@ -642,7 +727,7 @@ def _sequence(elements: list, rest, lo: int, hi: int | None):
     m = max(len(elements), lo)
     positions = elements + [rest] * (m - len(elements))
     if any(p is None for p in positions[:lo]):
-        raise SchemaError("minItems needs more items than the array allows")
+        raise Unsatisfiable("minItems needs more items than the array allows")
 
     def tail(i: int):
         """The content after i elements."""
@@ -705,20 +790,65 @@ def pattern_dfa(pattern: str, path: str):
     return byte_dfa(Concat((QUOTE, json_content(pattern_tree(pattern, path)), QUOTE)))
 
 
-def multiple_of_dfa(step: int):
-    """Decimal integers ("-"? no leading zeros) divisible by `step`: the states are the residues."""
-    # states: 0 start, 1 after "-", 2 the integer "0", 3 + r: residue r of a number not starting with 0
-    table = np.full((3 + step, 256), -1, dtype=np.int32)
+MAX_MULTIPLE_STATES = 20_000
+
+
+def multiple_of(schema: dict, path: str) -> tuple[int, int] | None:
+    """multipleOf m as (P, k) with m = P / 10**k (None: absent, or 1 for integers' sake)."""
+    if "multipleOf" not in schema:
+        return None
+    m = schema["multipleOf"]
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
+        raise SchemaError(f"multipleOf at {path} must be a number > 0")
+    exact = Decimal(repr(m)) if isinstance(m, float) else Decimal(m)
+    k = max(-exact.as_tuple().exponent, 0)
+    whole = int(exact.scaleb(k))
+    if whole * (k + 3) > MAX_MULTIPLE_STATES:
+        raise SchemaError(f"multipleOf {m} at {path} is not supported: its automaton would need more than "
+                          f"{MAX_MULTIPLE_STATES} states")
+    return whole, k
+
+
+def multiple_of_dfa(whole: int, k: int, fraction: bool):
+    """Decimal numbers without exponent ("-"? no leading zeros) that are multiples of whole / 10**k;
+    integers only unless `fraction`. x is one exactly when x * 10**k is an integer divisible by
+    `whole`: the states follow that integer's residue as the digits come, and how many fraction
+    digits have been read (past k, only zeros keep x * 10**k an integer)."""
+    # state numbers: 0 start, 1 after "-", 2 the integer part "0", then per residue r:
+    # int(r) = 3 + r, dot(r) = the "." just read, frac(r, c) = c fraction digits read (1..k)
+    P, K = whole, max(k, 1)   # K: fraction states per residue (k = 0 keeps one, for "5.0")
+    int_, dot = (lambda r: 3 + r), (lambda r: 3 + P + r)
+    frac = lambda r, c: 3 + 2 * P + (c - 1) * P + r
+    n = 3 + 2 * P + K * P
+    table = np.full((n, 256), -1, dtype=np.int32)
+    accepting = np.zeros(n, dtype=bool)
+    digit = [ord("0") + d for d in range(10)]
     table[0, ord("-")] = 1
     for s in (0, 1):
-        table[s, ord("0")] = 2
+        table[s, digit[0]] = 2
         for d in range(1, 10):
-            table[s, ord("0") + d] = 3 + d % step
-    for r in range(step):
+            table[s, digit[d]] = int_(d % P)
+    accepting[2] = True
+    if fraction:
+        table[2, ord(".")] = dot(0)
+    for r in range(P):
         for d in range(10):
-            table[3 + r, ord("0") + d] = 3 + (10 * r + d) % step
-    accepting = np.zeros(3 + step, dtype=bool)
-    accepting[2] = accepting[3] = True
+            table[int_(r), digit[d]] = int_((10 * r + d) % P)
+        accepting[int_(r)] = r * 10 ** k % P == 0
+        if not fraction:
+            continue
+        table[int_(r), ord(".")] = dot(r)
+        for d in range(10):
+            if k:
+                table[dot(r), digit[d]] = frac((10 * r + d) % P, 1)
+        if not k:
+            table[dot(r), digit[0]] = frac(r, 1)
+        for c in range(1, K + 1):
+            accepting[frac(r, c)] = r * 10 ** (k - c) % P == 0 if k else accepting[int_(r)]
+            for d in range(10):
+                if c < k:
+                    table[frac(r, c), digit[d]] = frac((10 * r + d) % P, c + 1)
+            table[frac(r, c), digit[0]] = frac(r, c) if c >= k else table[frac(r, c), digit[0]]
     return table_dfa(table, accepting)
 
 
@@ -728,7 +858,9 @@ def _annotation(key: str) -> bool:
 
 
 def _merge(a: dict, b: dict, path: str) -> dict:
-    """Two schemas that must both hold, as one schema (exact merges only)."""
+    """Two schemas that must both hold, as one schema (exact merges only; SchemaError otherwise)."""
+    a, b = _merge_positions(a, b, path)
+    a, b = _close_properties(a, b, path), _close_properties(b, a, path)
     out = dict(a)
     for key, value in b.items():
         if key not in out or out[key] == value or _annotation(key):
@@ -738,31 +870,87 @@ def _merge(a: dict, b: dict, path: str) -> dict:
         if key == "required":
             out[key] = list(dict.fromkeys([*mine, *value]))
         elif key == "properties":
-            out[key] = {n: (mine[n] if n not in value else value[n] if n not in mine else {"allOf": [mine[n], value[n]]})
-                        for n in list(dict.fromkeys([*mine, *value]))}
+            out[key] = {n: _both(mine.get(n, True), value.get(n, True)) for n in dict.fromkeys([*mine, *value])}
         elif key == "type":
             left = {mine} if isinstance(mine, str) else set(mine)
             right = {value} if isinstance(value, str) else set(value)
-            both = (left & right) | ({"integer"} if "integer" in left | right and "number" in left & right or
-                                     ("integer" in left and "number" in right) or
-                                     ("number" in left and "integer" in right) else set())
+            both = (left & right) | ({"integer"} if "integer" in left | right and "number" in left | right else set())
             if not both:
-                raise SchemaError(f"allOf at {path}: the types {mine!r} and {value!r} have nothing in common")
+                raise Unsatisfiable(f"allOf at {path}: the types {mine!r} and {value!r} have nothing in common")
             out[key] = sorted(both)
-        elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
+        elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains"):
             out[key] = max(mine, value)
-        elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):
+        elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"):
             out[key] = min(mine, value)
         elif key == "enum":
             out[key] = [v for v in mine if any(_json_equal(v, w) for w in value)]
-        elif key in ("anyOf", "oneOf") and key not in b.get("__merged__", ()):
+        elif key == "multipleOf":
+            x, y = Fraction(str(mine)), Fraction(str(value))
+            step = Fraction(math.lcm(x.numerator, y.numerator), math.gcd(x.denominator, y.denominator))
+            out[key] = int(step) if step.denominator == 1 else float(step)
+        elif key in ("anyOf", "oneOf"):
             out[key] = [{"allOf": [x, y]} for x in mine for y in value]
-        elif key in ("items", "additionalProperties", "contains", "propertyNames") and \
-                isinstance(mine, dict) and isinstance(value, dict):
-            out[key] = {"allOf": [mine, value]}
+        elif key in ("additionalProperties", "contains", "propertyNames", "items"):
+            out[key] = _both(mine, value)
         else:
             raise SchemaError(f"allOf at {path}: {key!r} differs between the schemas and cannot be merged")
     return out
+
+
+def _both(x, y):
+    """The schema of what satisfies both x and y."""
+    if x is False or y is False:
+        return False
+    return y if x is True else x if y is True else {"allOf": [x, y]}
+
+
+def _both_all(schemas: list):
+    out = True
+    for x in schemas:
+        out = _both(out, x)
+    return out
+
+
+def _close_properties(side: dict, other: dict, path: str) -> dict:
+    """`other` with the properties it declares and `side` does not made to satisfy side's
+    additionalProperties: for `side` they are additional properties."""
+    extra = side.get("additionalProperties", True)
+    if extra is True:
+        return other
+    if other.get("patternProperties", {}) not in ({}, side.get("patternProperties", {})):
+        raise SchemaError(f"allOf at {path}: patternProperties beside additionalProperties in another branch "
+                          f"cannot be merged")
+
+    def additional(name: str) -> bool:
+        key = json.dumps(name, ensure_ascii=False).encode()
+        return name not in side.get("properties", {}) and not any(
+            pattern_dfa(p, f"{path}.patternProperties").fullmatch(key) for p in side.get("patternProperties", {}))
+    props = {n: _both(v, extra) if additional(n) else v for n, v in other.get("properties", {}).items()}
+    return {**other, "properties": props} if props else other
+
+
+def _positions(schema: dict) -> tuple[list, object] | None:
+    """An array schema's (per-position schemas, schema of the rest), or None without such keywords."""
+    if isinstance(schema.get("items"), list):                    # draft-07
+        return list(schema["items"]), schema.get("additionalItems", True)
+    if "prefixItems" in schema or "items" in schema:
+        return list(schema.get("prefixItems", [])), schema.get("items", True)
+    return None
+
+
+def _merge_positions(a: dict, b: dict, path: str) -> tuple[dict, dict]:
+    """prefixItems/items of both branches as one list: position i must satisfy both branches' schema
+    for position i (a branch's rest schema where its own list is shorter)."""
+    pa, pb = _positions(a), _positions(b)
+    if pa is None or pb is None or pa == pb:
+        return a, b
+    if "additionalItems" in a or "additionalItems" in b:
+        raise SchemaError(f"allOf at {path}: items/additionalItems in several branches cannot be merged")
+    n = max(len(pa[0]), len(pb[0]))
+    at = lambda p, i: p[0][i] if i < len(p[0]) else p[1]
+    merged = {"prefixItems": [_both(at(pa, i), at(pb, i)) for i in range(n)], "items": _both(pa[1], pb[1])}
+    strip = lambda s: {k: v for k, v in s.items() if k not in ("prefixItems", "items", "additionalItems")}
+    return {**strip(a), **merged}, strip(b)
 
 
 def _json_equal(a, b) -> bool:
