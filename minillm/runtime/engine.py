@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minillm.generation.constrained import Guide, token_index
+from minillm.generation.constrained import constraint_index, new_guide
 from minillm.generation.constrained.automata import AutomatonTooLarge
 from minillm.generation.output import CompletionOutput, OutputBuilder
 from minillm.generation.sampling import Sampler, SamplingParams, TokenLogprobs
@@ -208,7 +208,7 @@ class LLMEngine:
         arrival = time.perf_counter() if arrival is None else arrival
         index = self._token_index(params)
         seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival,
-                         guide=None if index is None else Guide(index)) for i in range(params.n)]
+                         guide=None if index is None else new_guide(index, params.max_tokens)) for i in range(params.n)]
         builders = [OutputBuilder(self.tokenizer, params, len(prompt_ids), self.max_model_len, index=i)
                     for i in range(params.n)]
         self.requests[request_id] = Request(request_id, prompt_ids, params, seqs, builders)
@@ -255,7 +255,7 @@ class LLMEngine:
         if params.guided_pattern is None:
             return None
         try:
-            return token_index(params.guided_pattern, self.tokenizer)
+            return constraint_index(params.guided_pattern, self.tokenizer)
         except AutomatonTooLarge as e:
             field = next(n for n in ("guided_regex", "guided_json", "guided_choice", "guided_json_object")
                          if getattr(params, n) not in (None, False))

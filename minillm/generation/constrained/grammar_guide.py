@@ -1,7 +1,8 @@
 """One sequence's parse under a grammar: the Guide interface (allowed, advance, forced_tokens,
 accepting) over a set of pushdown configurations, with budget-aware closing.
 
-    guide = GrammarGuide(grammar_index(grammar_key, tokenizer), max_tokens=512)
+    constraint = JsonGrammar.of(schema)          # compiled once per schema (None: any JSON object)
+    guide = GrammarGuide(grammar_index(constraint, tokenizer), max_tokens=512)
     logits[mask_out(guide.allowed())] = -inf; token = sample(logits); guide.advance(token)
 
 Budget-aware closing. The guide counts the tokens it has advanced, so it knows how many the
@@ -14,9 +15,17 @@ properties get their shortest values); for a few steps before that point the mod
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
 import numpy as np
 
+from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.grammar_mask import GrammarIndex
+from minillm.generation.constrained.json_grammar import json_object_grammar, schema_to_grammar
+from minillm.generation.constrained.json_schema import SchemaError
+from minillm.generation.constrained.pushdown import Pushdown
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
 MAX_FORCED = 256   # bytes of one jump-forward
@@ -110,3 +119,36 @@ class GrammarGuide:
         head = [self.index.byte_token(b) for b in data[:start]]
         rest = data[start:]
         return head + (self.tokenizer.encode(rest.decode("utf-8"), add_bos=False) if rest else [])
+
+
+# ---- JSON Schema constraints, compiled once per schema -------------------------------------
+
+
+@dataclass(frozen=True)
+class JsonGrammar:
+    """A request's JSON constraint: the schema as canonical JSON text (None: any JSON object)."""
+    schema: str | None
+
+    @classmethod
+    def of(cls, schema: dict | bool | str | None) -> JsonGrammar:
+        """The constraint of `schema`, compiled now so that a bad schema fails here (SchemaError)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise SchemaError(f"the schema is not valid JSON: {e}") from None
+        constraint = cls(None if schema is None else json.dumps(schema, sort_keys=True))
+        json_pushdown(constraint)
+        return constraint
+
+
+@lru_cache(maxsize=64)
+def json_pushdown(constraint: JsonGrammar) -> Pushdown:
+    grammar = json_object_grammar() if constraint.schema is None else schema_to_grammar(json.loads(constraint.schema))
+    return Pushdown(grammar, CompileBudget())
+
+
+@lru_cache(maxsize=32)
+def grammar_index(constraint: JsonGrammar, tokenizer: Tokenizer) -> GrammarIndex:
+    """The masks of one constraint over one vocabulary, shared by every request that uses it."""
+    return GrammarIndex(json_pushdown(constraint), tokenizer)

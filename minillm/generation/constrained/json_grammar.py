@@ -41,6 +41,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from minillm.generation.constrained.automata import DFA
 from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa
 from minillm.generation.constrained.grammar import Grammar, GrammarError, Ref, Terminal
@@ -441,16 +442,17 @@ class _Compiler:
         lo, hi = _count(schema, "minLength", path), _count(schema, "maxLength", path, None)
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxLength < minLength at {path}: no string is valid")
-        contents = [Repeat(STRING_CHAR, lo, hi)]
+        dfas = [string_length_dfa(lo, hi)]
+        contents = []
         if "pattern" in schema:
             contents.append(json_content(pattern_tree(schema["pattern"], f"{path}.pattern")))
         fmt = schema.get("format")
         if isinstance(fmt, str) and fmt in FORMATS:
             contents.append(parse(FORMATS[fmt]))
-        dfa = None
-        for content in contents:
-            part = byte_dfa(Concat((QUOTE, content, QUOTE)), self.budget)
-            dfa = part if dfa is None else intersect(dfa, part, self.budget)
+        dfas += [byte_dfa(Concat((QUOTE, content, QUOTE)), self.budget) for content in contents]
+        dfa = dfas[0]
+        for part in dfas[1:]:
+            dfa = intersect(dfa, part, self.budget)
         return dfa
 
     # ---- numbers ---------------------------------------------------------------------
@@ -791,6 +793,47 @@ def pattern_dfa(pattern: str, path: str):
 
 
 MAX_MULTIPLE_STATES = 20_000
+
+
+@lru_cache(maxsize=256)
+def one_character_dfa():
+    """One character of a JSON string's spelling: its start is state 0, its one accepting state has
+    no moves (a character, once complete, is complete)."""
+    return byte_dfa(STRING_CHAR)
+
+
+@lru_cache(maxsize=256)
+def string_length_dfa(lo: int, hi: int | None):
+    """JSON strings (quotes included) of lo..hi characters, built as a chain of copies of the
+    one-character DFA: far faster than determinizing lo..hi repeats (a maxLength of 100 is 100
+    copies of a many-branched UTF-8 automaton)."""
+    char = one_character_dfa()
+    table = char.byte_table()                                                   # (C, 256)
+    final = int(np.flatnonzero(char.accepting)[0])
+    inner = np.array([s for s in range(char.num_states) if s != final])         # 0 (the start) first
+    n = len(inner)
+    slot = np.full(char.num_states + 1, -1, dtype=np.int64)
+    slot[inner] = np.arange(n)
+    local = table[inner]                                                        # (n, 256)
+    within = np.where((local >= 0) & (local != final), slot[np.maximum(local, 0)], -1)   # moves inside a copy
+    completes = local == final                                                  # moves that finish a character
+    copies = (hi if hi is not None else lo) + 1                                 # characters counted 0..copies-1
+    # states: 0 before the opening quote, 1 after the closing one, then copy k's state i at 2 + k*n + i
+    big = np.full((2 + copies * n, 256), -1, dtype=np.int32)
+    for k in range(copies):
+        block = np.where(within >= 0, 2 + k * n + within, -1)
+        following = k + 1 if k + 1 < copies else (k if hi is None else None)  # unbounded: the last copy loops
+        if following is not None:
+            block = np.where(completes, 2 + following * n, block)
+        if k >= lo:
+            block[0, ord('"')] = 1
+        big[2 + k * n:2 + (k + 1) * n] = block
+    big[0, ord('"')] = 2
+    accepting = np.zeros(len(big), dtype=bool)
+    accepting[1] = True
+    # Every state can still reach the closing quote, so the automaton is already trim; a chain of
+    # copies is close to minimal, and Moore's refinement would take one round per copy.
+    return DFA(np.arange(256, dtype=np.int64), big, accepting)
 
 
 def multiple_of(schema: dict, path: str) -> tuple[int, int] | None:

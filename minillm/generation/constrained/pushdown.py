@@ -73,14 +73,16 @@ class Pushdown:
     def _closing_lengths(self) -> np.ndarray:
         """(G,) int64 the fewest bytes from each state to its rule's end (Bellman-Ford on the moves)."""
         close = np.where(self.accepting, 0, UNREACHABLE).astype(np.int64)
-        sources = np.repeat(np.arange(self.num_states), np.diff(self.call_offsets))
+        sources, columns = np.nonzero(self.table >= 0)
+        pairs = np.unique(sources.astype(np.int64) * self.num_states + self.table[sources, columns])
+        byte_from, byte_to = np.divmod(pairs, self.num_states)           # each (state, next state) once
+        call_from = np.repeat(np.arange(self.num_states), np.diff(self.call_offsets))
         while True:
-            via_byte = np.where(self.table >= 0, close[np.maximum(self.table, 0)], UNREACHABLE).min(axis=1) + 1
-            new = np.minimum(close, via_byte)
-            if len(sources):
-                via_call = close[self.call_targets] + close[self.call_returns]
-                np.minimum.at(new, sources, np.minimum(via_call, UNREACHABLE))
-            new = np.minimum(new, UNREACHABLE)
+            new = close.copy()
+            np.minimum.at(new, byte_from, np.minimum(close[byte_to] + 1, UNREACHABLE))
+            if len(call_from):
+                np.minimum.at(new, call_from, np.minimum(close[self.call_targets] + close[self.call_returns],
+                                                         UNREACHABLE))
             if (new == close).all():
                 return close
             close = new
