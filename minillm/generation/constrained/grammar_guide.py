@@ -8,10 +8,13 @@ accepting) over a set of pushdown configurations, with budget-aware closing.
 Budget-aware closing. The guide counts the tokens it has advanced, so it knows how many the
 request has left. The automaton knows the fewest bytes that finish the structure from where the
 parse stands (pushdown.py's closing lengths); once the tokens left could just hold a shortest
-closing text - tokenized, not counted in bytes - the mask admits only that text's next token, and
-jump-forward writes the rest. An answer stopped for length then still parses and validates. The
-closing text is one shortest completion (strings end, arrays and objects close, required
-properties get their shortest values); for a few steps before that point the model is free.
+closing text - tokenized, not counted in bytes - plus CLOSING_MARGIN, the mask admits only that
+text's next token, and jump-forward writes the rest. An answer stopped for length then still
+parses and validates. The closing text is one shortest completion (strings end, arrays and
+objects close, required properties get their shortest values). The margin is there because the
+check runs once per step: a single free token that opens several structures at once (``[[{"``)
+raises the closing length by more than one token. It is a margin, not a proof: a token opening
+more than CLOSING_MARGIN tokens' worth right at the edge can still leave too little room.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from minillm.generation.constrained.json_schema import SchemaError
 from minillm.generation.constrained.pushdown import Pushdown
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
-MAX_FORCED = 256   # bytes of one jump-forward
+MAX_FORCED = 256     # bytes of one jump-forward
+CLOSING_MARGIN = 3   # close this many tokens early: one free token may open more than one token's worth
 
 
 class GrammarGuide:
@@ -107,10 +111,10 @@ class GrammarGuide:
         p = self.pushdown
         configs = p.reading(self.configs)
         cheapest = min(configs, key=p.closing_cost)
-        if p.closing_cost(cheapest) > left:   # a token holds at least one byte: not yet
+        if p.closing_cost(cheapest) + CLOSING_MARGIN < left:   # a token holds at least one byte: not yet
             return None
         tokens = self.tokenize_bytes(p.closing_text(cheapest))
-        return tokens if len(tokens) >= left else None
+        return tokens if len(tokens) + CLOSING_MARGIN >= left else None
 
     def tokenize_bytes(self, data: bytes) -> list[int]:
         """Tokens whose bytes are `data` exactly (it may start inside a character): the tokenizer's

@@ -125,7 +125,7 @@ _AUTHORITY = (f"(?:(?:[{_UNRESERVED_SUB}:]|{_PCT})*@)?"
               f"(?:\\[(?:{_IPV6})\\]|(?:[{_UNRESERVED_SUB}]|{_PCT})*)(?::[0-9]*)?")
 _HIER = (f"(?://{_AUTHORITY}(?:/{_SEGMENT})*|/(?:{_SEGMENT_NZ}(?:/{_SEGMENT})*)?|{_SEGMENT_NZ}(?:/{_SEGMENT})*|)")
 _URI = f"[A-Za-z][A-Za-z0-9+.\\-]*:{_HIER}(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
-_YEAR = "[0-9]{4}"
+_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"   # not 0000: Python dates start at year 1
 _LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
          f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
@@ -248,8 +248,11 @@ class _Compiler:
         """A rule given as a byte DFA, built once per key."""
         name = self.shared.get(("terminal", key))
         if name is None:
+            dfa = make()
+            if not dfa.accepting.any():
+                raise Unsatisfiable(f"no {hint} satisfies all of {key}")
             name = f"{hint}_{len(self.grammar.rules)}"
-            self.grammar.rules[name] = Terminal(make(), key)
+            self.grammar.rules[name] = Terminal(dfa, key)
             self.shared[("terminal", key)] = name
             self.budget.count("grammar_rules", len(self.grammar.rules))
         return Ref(name)
@@ -821,10 +824,11 @@ def string_length_dfa(lo: int, hi: int | None):
     # states: 0 before the opening quote, 1 after the closing one, then copy k's state i at 2 + k*n + i
     big = np.full((2 + copies * n, 256), -1, dtype=np.int32)
     for k in range(copies):
-        block = np.where(within >= 0, 2 + k * n + within, -1)
         following = k + 1 if k + 1 < copies else (k if hi is None else None)  # unbounded: the last copy loops
-        if following is not None:
-            block = np.where(completes, 2 + following * n, block)
+        if following is None:   # maxLength reached: no character may start (it could never end)
+            block = np.full_like(within, -1)
+        else:
+            block = np.where(completes, 2 + following * n, np.where(within >= 0, 2 + k * n + within, -1))
         if k >= lo:
             block[0, ord('"')] = 1
         big[2 + k * n:2 + (k + 1) * n] = block

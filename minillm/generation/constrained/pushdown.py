@@ -62,7 +62,18 @@ class Pushdown:
         self.close_bytes = self._closing_lengths()
         if self.close_bytes[self.start] >= UNREACHABLE:
             raise GrammarError("the grammar's language is empty: no text is ever complete")
+        self._trim()
         self._refuse_left_recursion()
+
+    def _trim(self) -> None:
+        """Cut every move into a state that can never finish its rule: then a byte is allowed
+        only if the text can still be completed, which is what a mask must promise."""
+        dead = self.close_bytes >= UNREACHABLE                                         # (G,)
+        self.table = np.where((self.table >= 0) & ~dead[np.maximum(self.table, 0)], self.table, DEAD).astype(np.int32)
+        self.calls = [[(t, r) for t, r in c if not dead[t] and not dead[r]] for c in self.calls]
+        self.call_offsets = np.cumsum([0] + [len(c) for c in self.calls]).astype(np.int64)
+        self.call_targets = np.array([t for c in self.calls for t, _ in c], dtype=np.int32)
+        self.call_returns = np.array([r for c in self.calls for _, r in c], dtype=np.int32)
 
     @property
     def num_states(self) -> int:
