@@ -164,6 +164,19 @@ def test_masks_match_brute_force_on_a_tiny_vocabulary(tiny_tokenizer):
         assert list(index.allowed(configs)) == brute_force(JSON, tiny_tokenizer, configs), prefix
 
 
+def test_closing_costs_after_each_token(tiny_tokenizer):
+    """The walks' closing bytes after each allowed token equal the automaton's, token by token."""
+    index = GrammarIndex(JSON, tiny_tokenizer)
+    for prefix in PREFIXES:
+        configs = JSON.walk(prefix)
+        ids, costs = index.allowed_with_costs(configs)
+        for t, cost in zip(ids, costs):
+            if t == tiny_tokenizer.eos_id:
+                continue
+            after = JSON.reading(JSON.walk(tiny_tokenizer.id_to_bytes[t], configs))
+            assert cost == min(map(JSON.closing_cost, after)), (prefix, tiny_tokenizer.id_to_bytes[t])
+
+
 def test_masks_match_brute_force_on_smollm2(smollm2_tokenizer):
     index = GrammarIndex(JSON, smollm2_tokenizer)
     for prefix in PREFIXES[:9]:
@@ -176,7 +189,7 @@ def test_the_split_is_exact(tiny_tokenizer):
     index = GrammarIndex(JSON, tiny_tokenizer)
     for prefix in (b'{"a": [1', b'{"a": {"b": "c'):
         for g, stack in JSON.walk(prefix):
-            independent, dependent = index.split(g)
+            independent, _, dependent = index.split(g)
             assert not set(independent) & set(dependent)
             for t in independent:
                 assert JSON.walk(tiny_tokenizer.id_to_bytes[t], {(g, stack)})

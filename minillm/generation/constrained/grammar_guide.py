@@ -7,14 +7,18 @@ accepting) over a set of pushdown configurations, with budget-aware closing.
 
 Budget-aware closing. The guide counts the tokens it has advanced, so it knows how many the
 request has left. The automaton knows the fewest bytes that finish the structure from where the
-parse stands (pushdown.py's closing lengths); once the tokens left could just hold a shortest
-closing text - tokenized, not counted in bytes - plus CLOSING_MARGIN, the mask admits only that
-text's next token, and jump-forward writes the rest. An answer stopped for length then still
-parses and validates. The closing text is one shortest completion (strings end, arrays and
-objects close, required properties get their shortest values). The margin is there because the
-check runs once per step: a single free token that opens several structures at once (``[[{"``)
-raises the closing length by more than one token. It is a margin, not a proof: a token opening
-more than CLOSING_MARGIN tokens' worth right at the edge can still leave too little room.
+parse stands (pushdown.py's closing lengths), and the index knows them after each allowed token
+(grammar_mask.py). Two rules keep an answer stopped for length valid:
+
+    room     a token after which even a byte-by-byte closing would not fit in the tokens left
+             (minus CLOSING_MARGIN) is masked out - e.g. a long enum value or const chosen too late
+    closing  once the tokens left could just hold a shortest closing text (tokenized, plus the
+             margin), or when no token leaves room, the mask admits only that text's next token,
+             and jump-forward writes the rest
+
+The closing text is one shortest completion (strings end, arrays and objects close, required
+properties get their shortest values). The margin keeps the closing a few tokens early: the check
+counts bytes, the budget counts tokens, and a tokenized closing text may cut differently.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from minillm.generation.constrained.pushdown import Pushdown
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
 MAX_FORCED = 256     # bytes of one jump-forward
-CLOSING_MARGIN = 3   # close this many tokens early: one free token may open more than one token's worth
+CLOSING_MARGIN = 2   # close this many tokens early (the closing text may tokenize differently later)
 
 
 class GrammarGuide:
@@ -58,9 +62,18 @@ class GrammarGuide:
     def allowed(self) -> np.ndarray:
         """(K,) sorted ids of the tokens that keep the output valid (EOS where it may end)."""
         closing = self._closing_tokens()
-        if closing is not None:   # [] : the text is complete, only EOS is left
-            return np.array(closing[:1] or [self.index.eos_id], dtype=np.int64)
-        return self.index.allowed(self.configs)
+        if closing is None:
+            ids, costs = self.index.allowed_with_costs(self.configs)
+            if self.max_tokens is None:
+                return ids
+            # a token after which even a byte-by-byte closing would not fit in what is left is out
+            fits = costs <= self.max_tokens - self.num_tokens - 1 - CLOSING_MARGIN
+            if fits.all():
+                return ids
+            if fits.any():
+                return ids[fits]
+            closing = self._closing_tokens(force=True)   # none leaves room by bytes: close now
+        return np.array(closing[:1] or [self.index.eos_id], dtype=np.int64)   # []: complete, EOS is left
 
     def advance(self, token_id: int) -> None:
         self.num_tokens += 1
@@ -103,18 +116,18 @@ class GrammarGuide:
 
     # ---- budget-aware closing -----------------------------------------------------------
 
-    def _closing_tokens(self) -> list[int] | None:
-        """The tokens of a shortest closing text once the budget left is down to them; None before."""
+    def _closing_tokens(self, force: bool = False) -> list[int] | None:
+        """The tokens of a shortest closing text once the budget left is down to them (or `force`);
+        None before."""
         if self.max_tokens is None:
             return None
         left = self.max_tokens - self.num_tokens
         p = self.pushdown
-        configs = p.reading(self.configs)
-        cheapest = min(configs, key=p.closing_cost)
-        if p.closing_cost(cheapest) + CLOSING_MARGIN < left:   # a token holds at least one byte: not yet
+        cheapest = min(p.reading(self.configs), key=p.closing_cost)
+        if not force and p.closing_cost(cheapest) + CLOSING_MARGIN < left:   # a token holds >= 1 byte: not yet
             return None
         tokens = self.tokenize_bytes(p.closing_text(cheapest))
-        return tokens if len(tokens) + CLOSING_MARGIN >= left else None
+        return tokens if force or len(tokens) + CLOSING_MARGIN >= left else None
 
     def tokenize_bytes(self, data: bytes) -> list[int]:
         """Tokens whose bytes are `data` exactly (it may start inside a character): the tokenizer's

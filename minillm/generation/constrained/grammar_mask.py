@@ -62,46 +62,68 @@ class GrammarIndex:
         """The token of the single byte `value` (byte-level BPE has one for every byte)."""
         return self._byte_tokens[value]
 
-    def _arrays(self):
-        p = self.pushdown
-        return p.table, p.accepting, p.call_offsets, p.call_targets, p.call_returns
-
-    def split(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """State g's (allowed whatever the stack, depends on the stack) token ids, both sorted."""
+    def split(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """State g's tokens allowed whatever the stack (sorted ids, and the closing bytes after each,
+        the stack's own left out), and the sorted ids that depend on the stack."""
         if g not in self._per_state:
             self._per_state[g] = self._walk(g, ())
         return self._per_state[g]
 
-    def _walk(self, g: int, stack: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        t = self.trie
-        return trie_walk(*self._arrays(), g, np.array(stack, dtype=np.int32), t.parent, t.byte, t.depth,
+    def _walk(self, g: int, stack: tuple[int, ...]):
+        t, p = self.trie, self.pushdown
+        real = np.array(stack, dtype=np.int32)
+        return trie_walk(*self._arrays(), g, real, self._stack_costs(real), t.parent, t.byte, t.depth,
                          t.subtree_end, t.token_starts, t.token_ids, self.tokenizer.vocab_size, self.max_depth)
+
+    def _stack_costs(self, real: np.ndarray) -> np.ndarray:
+        """(len+1,) the closing bytes of the stack's first b return states, for every b."""
+        return np.concatenate([[0], np.cumsum(self.pushdown.close_bytes[real])]).astype(np.int64)
 
     def allowed(self, configs) -> np.ndarray:
         """(K,) sorted ids allowed from the configuration set (EOS where a parse may end)."""
+        return self.allowed_with_costs(configs)[0]
+
+    def allowed_with_costs(self, configs) -> tuple[np.ndarray, np.ndarray]:
+        """(K,) sorted allowed ids and (K,) the fewest bytes that close the text after each; cached."""
         key = frozenset(configs)
-        mask = self._masks.get(key)
-        if mask is not None:
+        entry = self._masks.get(key)
+        if entry is not None:
             self._masks.move_to_end(key)
-            return mask
-        parts = []
+            return entry
+        ids, costs = [], []
         for g, stack in configs:
-            independent, dependent = self.split(g)
+            real = np.array(stack, dtype=np.int32)
+            real_cost = self._stack_costs(real)
+            independent, local_costs, dependent = self.split(g)
             if len(dependent) > RECHECK_LIMIT:   # most of the vocabulary: one walk with the real stack is faster
-                parts.append(self._walk(g, stack)[0])
+                walked, walked_costs, _ = self._walk(g, stack)
+                ids.append(walked)
+                costs.append(walked_costs)
                 continue
-            parts.append(independent)
+            ids.append(independent)
+            costs.append(local_costs + real_cost[-1])
             if len(dependent):
-                ok = check_tokens(*self._arrays(), g, np.array(stack, dtype=np.int32), dependent,
-                                  self.token_offsets, self.token_bytes)
-                parts.append(dependent[ok])
+                ok, cost = check_tokens(*self._arrays(), g, real, real_cost, dependent, self.token_offsets,
+                                        self.token_bytes)
+                ids.append(dependent[ok])
+                costs.append(cost[ok])
         if self.eos_id is not None and self.pushdown.can_end(configs):
-            parts.append(np.array([self.eos_id], dtype=np.int64))
-        mask = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-        self._masks[key] = mask
+            ids.append(np.array([self.eos_id], dtype=np.int64))
+            costs.append(np.zeros(1, dtype=np.int64))
+        ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        costs = np.concatenate(costs) if costs else np.zeros(0, dtype=np.int64)
+        order = np.lexsort((costs, ids))                     # by id, the cheapest first
+        ids, costs = ids[order], costs[order]
+        first = np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, dtype=bool)
+        entry = (ids[first], costs[first])
+        self._masks[key] = entry
         if len(self._masks) > MASK_CACHE:
             self._masks.popitem(last=False)
-        return mask
+        return entry
+
+    def _arrays(self):
+        p = self.pushdown
+        return p.table, p.accepting, p.call_offsets, p.call_targets, p.call_returns, p.close_bytes
 
 
 # -----------------------------------------------------------------------------------------------
@@ -179,12 +201,13 @@ def _buffers(levels):
 
 
 @njit(cache=True)
-def trie_walk(table, accepting, call_offsets, call_targets, call_returns, g, real,
+def trie_walk(table, accepting, call_offsets, call_targets, call_returns, close, g, real, real_cost,
               parent, byte, depth, subtree_end, token_starts, token_ids, vocab_size, max_depth):
-    """Walk the vocabulary trie from (g, stack `real`): the sorted ids allowed, and the sorted ids
-    for which some path pops below the bottom of `real` (and none stays above it). With an empty
-    `real` standing for an unknown stack, those are the tokens that depend on it; with the real
-    stack they are the tokens that would read on past a complete text: not allowed."""
+    """Walk the vocabulary trie from (g, stack `real`): the sorted ids allowed, the fewest bytes
+    that close the text after each of them, and the sorted ids for which some path pops below the
+    bottom of `real` (and none stays above it). With an empty `real` standing for an unknown
+    stack, those are the tokens that depend on it (and the closing bytes leave the unknown stack's
+    out); with the real stack they are the tokens that would read on past a complete text."""
     st, base, ln, loc = _buffers(max_depth + 1)
     wst, wbase, wln, wloc = _buffers(8)
     wst, wbase, wln, wloc = wst.reshape(-1), wbase.reshape(-1), wln.reshape(-1), wloc.reshape(-1, MAX_PUSHES)
@@ -193,6 +216,7 @@ def trie_walk(table, accepting, call_offsets, call_targets, call_returns, g, rea
     st[0, 0], base[0, 0] = g, len(real)
     count[0] = 1
     state = np.zeros(vocab_size, dtype=np.int8)    # 0 masked, 1 allowed, 2 depends on the stack
+    cost = np.zeros(vocab_size, dtype=np.int64)
     node, num_nodes = 1, len(parent)
     while node < num_nodes:
         d = depth[node]
@@ -207,21 +231,40 @@ def trie_walk(table, accepting, call_offsets, call_targets, call_returns, g, rea
         if m == 0:
             node = subtree_end[node]
             continue
-        for k in range(token_starts[node], token_starts[node + 1]):
-            state[token_ids[k]] = 1
+        if token_starts[node] < token_starts[node + 1]:
+            c = _closing_cost(close, st[d], base[d], ln[d], loc[d], m, real_cost)
+            for k in range(token_starts[node], token_starts[node + 1]):
+                state[token_ids[k]] = 1
+                cost[token_ids[k]] = c
         node += 1
-    return np.flatnonzero(state == 1), np.flatnonzero(state == 2)
+    allowed = np.flatnonzero(state == 1)
+    return allowed, cost[allowed], np.flatnonzero(state == 2)
 
 
 @njit(cache=True)
-def check_tokens(table, accepting, call_offsets, call_targets, call_returns, g, real, candidates,
-                 token_offsets, token_bytes):
-    """(K,) bool: each candidate token's bytes can be read from (g, real stack)."""
+def _closing_cost(close, st, base, ln, loc, n, real_cost):
+    """The fewest closing bytes over n configurations: the state's, each pushed return state's,
+    and the real stack's below (real_cost[b]: its first b return states)."""
+    best = np.iinfo(np.int64).max
+    for i in range(n):
+        c = close[st[i]] + real_cost[base[i]]
+        for j in range(ln[i]):
+            c += close[loc[i, j]]
+        best = min(best, c)
+    return best
+
+
+@njit(cache=True)
+def check_tokens(table, accepting, call_offsets, call_targets, call_returns, close, g, real, real_cost,
+                 candidates, token_offsets, token_bytes):
+    """(K,) bool: each candidate token's bytes can be read from (g, real stack); (K,) the fewest
+    bytes that close the text after it."""
     st, base, ln, loc = _buffers(2)
     wst, wbase, wln, wloc = _buffers(8)
     wst, wbase, wln, wloc = wst.reshape(-1), wbase.reshape(-1), wln.reshape(-1), wloc.reshape(-1, MAX_PUSHES)
     pushed = np.zeros(MAX_PUSHES, dtype=np.int32)
     out = np.zeros(len(candidates), dtype=np.bool_)
+    cost = np.zeros(len(candidates), dtype=np.int64)
     for i in range(len(candidates)):
         t = candidates[i]
         st[0, 0], base[0, 0], ln[0, 0] = g, len(real), 0
@@ -234,4 +277,6 @@ def check_tokens(table, accepting, call_offsets, call_targets, call_returns, g, 
             if n == 0:
                 break
         out[i] = n > 0
-    return out
+        if n > 0:
+            cost[i] = _closing_cost(close, st[cur], base[cur], ln[cur], loc[cur], n, real_cost)
+    return out, cost
