@@ -6,23 +6,28 @@ its own type (``{"minLength": 2}`` leaves numbers free). What a grammar cannot e
 with ``SchemaError`` naming the keyword and its JSON path (``$.properties.tags.uniqueItems``).
 
 Exact (the grammar accepts exactly the valid instances, in the layout below):
-    type, enum, const, $ref / $defs / definitions (recursion included), allOf (merged), anyOf,
-    properties, required, additionalProperties (false, true, a schema), propertyNames,
-    min/maxProperties, items, prefixItems (and draft-07's items array + additionalItems),
-    min/maxItems, contains (alone or with minItems <= 1 and no maxItems), integer
-    minimum/maximum/exclusive* and multipleOf, number minimum/maximum/exclusive* (written
-    without an exponent), string minLength/maxLength/pattern (unanchored, as JSON Schema means it)
+    type, enum, const, $ref / $defs / definitions / $anchor (recursion included; draft-07's $ref
+    overrides its siblings), allOf (merged keyword by keyword, additionalProperties and
+    prefixItems/items across branches included), anyOf, properties, required,
+    additionalProperties (false, true, a schema), patternProperties (keys split by the set of
+    patterns they match), propertyNames, min/maxProperties, items, prefixItems (and draft-07's
+    items array + additionalItems), min/maxItems, contains (alone or with minItems <= 1 and no
+    maxItems), integer minimum/maximum/exclusive* and multipleOf, number minimum/maximum/exclusive*
+    and decimal multipleOf (written without an exponent), string minLength/maxLength/pattern
+    (unanchored, as JSON Schema means it), formats date, uuid, ipv4, ipv6, uri (RFC 3986 without
+    IPvFuture)
 Superset (valid instances always accepted, some invalid ones too):
     oneOf (compiled as anyOf: an instance matching two options is not refused),
-    patternProperties when a key matches two patterns (its value need only match one of them),
     enum/const beside other keywords (the values are filtered by type only)
 Subset (everything generated is valid; some valid spellings are not produced):
-    formats date-time, date, time, email, uuid, uri, ipv4, ipv6 (regular approximations: a date
-    of 31 February passes; an email must look like local@domain), integers without a fraction
-    ("1.0" is not produced), bounded numbers without an exponent
+    integers are written without a fraction ("1.0" is not produced); bounded numbers and
+    multipleOf without an exponent; formats time and date-time without leap seconds, email as
+    local@domain only; dates from year 0001 (Python's, which validators use)
 Refused: not, if/then/else, dependentRequired/dependentSchemas/dependencies, unevaluated*,
     uniqueItems (unless maxItems <= 1), minContains > 1 / maxContains, contains beside other
-    counts, non-integer multipleOf, $ref outside this document.
+    counts, multipleOf whose automaton would pass 20,000 states, $ref outside this document,
+    $dynamicRef, \p{...} in patterns. A schema with no valid instance is refused as
+    ``Unsatisfiable``; an unsatisfiable option, property or item is left out instead.
 
 Layout: an instance is one line of JSON. Properties come in the schema's ``properties`` order,
 then any others; after ``,`` and ``:`` one optional space (json.dumps' default and compact
