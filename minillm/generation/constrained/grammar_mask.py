@@ -32,7 +32,7 @@ from collections import OrderedDict
 import numpy as np
 from numba import njit
 
-from minillm.generation.constrained.pushdown import Config, Pushdown
+from minillm.generation.constrained.pushdown import Pushdown
 from minillm.generation.constrained.token_index import vocabulary_trie
 from minillm.generation.tokenizer import Tokenizer
 
@@ -70,7 +70,7 @@ class GrammarIndex:
         return self._per_state[g]
 
     def _walk(self, g: int, stack: tuple[int, ...]):
-        t, p = self.trie, self.pushdown
+        t = self.trie
         real = np.array(stack, dtype=np.int32)
         return trie_walk(*self._arrays(), g, real, self._stack_costs(real), t.parent, t.byte, t.depth,
                          t.subtree_end, t.token_starts, t.token_ids, self.tokenizer.vocab_size, self.max_depth)

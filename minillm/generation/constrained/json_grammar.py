@@ -49,7 +49,7 @@ import numpy as np
 from minillm.generation.constrained.automata import DFA
 from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa
-from minillm.generation.constrained.grammar import Grammar, GrammarError, Ref, Terminal
+from minillm.generation.constrained.grammar import Grammar, Ref, Terminal
 from minillm.generation.constrained.json_schema import SchemaError, integer_range_regex
 from minillm.generation.constrained.regex import (EMPTY, MAX_CODE_POINT, Alternate, Chars, Concat, Repeat,
                                                   RegexError, literal, normalize, parse)
