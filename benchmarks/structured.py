@@ -24,6 +24,16 @@ minillm:
    forward (``LLMEngine.observe`` counts the steps), and seconds per request.
 4. **validity**: every greedy output must parse and validate against its schema (``jsonschema``).
 
+``--coverage`` (issue 30): the schemas under benchmarks/data/schemas/ (public, see its README),
+each engine asked to accept each one (compile it into its constraint) within 20 s, each attempt in
+a process of its own; for minillm then a greedy answer with max_tokens 512 (budget-aware closing
+included: valid even when cut) and the per-token mask time of that answer at batch 1 (median,
+GrammarGuide.allowed from a cold index, so first-visit walks count). llama.cpp's
+``LlamaGrammar.from_json_schema`` runs beside it only where llama-cpp-python is installed.
+
+    .venv/bin/python benchmarks/structured.py --coverage                 # every shipped schema
+    .venv/bin/python benchmarks/structured.py --coverage --schemas lerna  # a smoke run
+
 llama.cpp (``llama-cpp-python``): ``LlamaGrammar.from_json_schema`` per schema (its build time),
 then ``create_completion`` on the same prompt token ids, greedy, with the grammar: seconds, tokens,
 validity; beside it, its unconstrained decode time per token (one ``eval`` per token).
@@ -284,12 +294,134 @@ def load_note(before: float, after: float, cores: int) -> str:
                if busy else "a quiet machine"))
 
 
+# -----------------------------------------------------------------------------------------------
+# --coverage: real-world schemas accepted, greedy answers valid, mask time per token
+
+
+COVERAGE_SCHEMAS = BENCHMARKS / "data" / "schemas"
+COVERAGE_TIMEOUT_S = 20.0
+COVERAGE_MAX_TOKENS = 512
+
+
+def _compile_minillm(schema: dict, queue) -> None:
+    from minillm.generation.constrained import JsonGrammar
+    from minillm.generation.constrained.budget import ConstraintTooLarge
+    from minillm.generation.constrained.json_schema import SchemaError
+
+    start = time.perf_counter()
+    try:
+        JsonGrammar.of(schema)
+        queue.put({"accepted": True, "compile_s": time.perf_counter() - start})
+    except (SchemaError, ConstraintTooLarge, ValueError) as err:
+        queue.put({"accepted": False, "error": str(err)[:300]})
+
+
+def _compile_llama_cpp(schema: dict, queue) -> None:
+    from llama_cpp import LlamaGrammar   # only where llama-cpp-python is installed
+
+    start = time.perf_counter()
+    try:
+        LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        queue.put({"accepted": True, "compile_s": time.perf_counter() - start})
+    except Exception as err:   # llama.cpp raises whatever its converter raises
+        queue.put({"accepted": False, "error": f"{type(err).__name__}: {str(err)[:300]}"})
+
+
+def in_own_process(target, schema: dict, timeout: float) -> dict:
+    """target(schema, queue) in a fresh process: its answer, or a timeout (the process is killed)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=target, args=(schema, queue))
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        return {"accepted": False, "error": f"no answer within {timeout:g} s"}
+    return queue.get() if not queue.empty() else {"accepted": False, "error": f"exit code {process.exitcode}"}
+
+
+def generate_and_time_masks(llm, schema: dict, max_tokens: int) -> dict:
+    """A greedy answer under the grammar (valid?), then the mask of each of its steps replayed on a
+    cold index at batch 1: the median and the mean seconds of GrammarGuide.allowed + advance."""
+    from minillm.generation.constrained import JsonGrammar, new_guide
+    from minillm.generation.constrained.grammar_guide import GrammarIndex, json_pushdown
+    from minillm.generation.sampling import SamplingParams
+
+    prompt = llm.chat_prompt([{"role": "user", "content": "Write a typical configuration file for this JSON "
+                                                          "Schema, as JSON: " + json.dumps(schema)[:1500]}])
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, guided_json=schema)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    guide = new_guide(GrammarIndex(json_pushdown(JsonGrammar.of(schema)), llm.tokenizer), max_tokens)
+    times = []
+    for token in out.token_ids:
+        start = time.perf_counter()
+        guide.allowed()
+        guide.advance(token)
+        times.append(time.perf_counter() - start)
+    return {"tokens": len(out.token_ids), "finish_reason": out.finish_reason,
+            "problem": validate(out.text, schema), "text": out.text[:300],
+            "mask_median_s": statistics.median(times) if times else None,
+            "mask_mean_s": statistics.fmean(times) if times else None}
+
+
+def coverage(args) -> None:
+    from minillm.llm import LLM
+    from minillm.model.fetch import cached_model_path
+
+    try:
+        import llama_cpp  # noqa: F401
+        llama = True
+    except ImportError:
+        llama = False
+    files = sorted(COVERAGE_SCHEMAS.glob("*.json"))
+    if args.schemas:
+        files = [f for f in files if f.stem in args.schemas]
+    llm, rows = None, {}
+    for path in files:
+        schema = json.loads(path.read_text())
+        row = {"minillm": in_own_process(_compile_minillm, schema, COVERAGE_TIMEOUT_S)}
+        if llama:
+            row["llama.cpp"] = in_own_process(_compile_llama_cpp, schema, COVERAGE_TIMEOUT_S)
+        if row["minillm"]["accepted"]:
+            llm = llm or LLM(cached_model_path())
+            row["minillm"]["generation"] = generate_and_time_masks(llm, schema, args.max_tokens)
+        rows[path.stem] = row
+        m = row["minillm"]
+        g = m.get("generation", {})
+        print(f"{path.stem:<18} minillm {'accepted' if m['accepted'] else 'refused: ' + m['error'][:70]}"
+              + (f"  valid={g['problem'] is None} tokens={g['tokens']} mask median "
+                 f"{g['mask_median_s'] * 1e6:.0f} us" if g else "")
+              + (f"  llama.cpp {'accepted' if row['llama.cpp']['accepted'] else 'refused'}" if llama else ""))
+    accepted = [r for r in rows.values() if r["minillm"]["accepted"]]
+    medians = [r["minillm"]["generation"]["mask_median_s"] for r in accepted
+               if r["minillm"]["generation"]["mask_median_s"] is not None]
+    results = {"settings": {"max_tokens": args.max_tokens, "timeout_s": COVERAGE_TIMEOUT_S,
+                            "schemas": [f.name for f in files]},
+               "schemas": rows,
+               "minillm": {"accepted_fraction": len(accepted) / max(len(rows), 1),
+                           "valid_fraction": sum(r["minillm"]["generation"]["problem"] is None for r in accepted)
+                           / max(len(accepted), 1),
+                           "mask_median_s": statistics.median(medians) if medians else None},
+               "llama_cpp": ({"accepted_fraction": sum(r["llama.cpp"]["accepted"] for r in rows.values())
+                              / max(len(rows), 1)} if llama else {"skipped": "llama-cpp-python is not installed"})}
+    print(json.dumps({k: results[k] for k in ("minillm", "llama_cpp")}, indent=1))
+    save_result("structured_coverage", results, args.out)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=2, help="rounds per contender, taken in turns (default 2)")
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"folder for structured.json (default: {RESULTS})")
+    parser.add_argument("--coverage", action="store_true", help="the public-schema coverage run instead (see above)")
+    parser.add_argument("--schemas", nargs="*", help="--coverage: only these schema names (file stems)")
+    parser.add_argument("--max-tokens", type=int, default=COVERAGE_MAX_TOKENS, help="--coverage: greedy answer budget")
     args = parser.parse_args()
+    if args.coverage:
+        return coverage(args)
     load_before = os.getloadavg()[0]
     source = BENCHMARKS / "structured.py"
     workers = {"minillm": Worker(Contender("minillm", "MinillmStructured", source=source), "native", args.threads)}

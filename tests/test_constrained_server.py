@@ -85,9 +85,9 @@ def test_tool_calls_required_named_streamed_and_answered(client):
 
 def test_unsupported_schema_is_a_400_naming_it(client):
     client, model = client
-    with pytest.raises(openai.BadRequestError, match="'format'") as e:
+    with pytest.raises(openai.BadRequestError, match="uniqueItems at \\$ is not supported") as e:
         client.chat.completions.create(model=model, messages=ASK, max_tokens=5, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "date"}}})
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}})
     assert e.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError, match="not among the tools"):
         client.chat.completions.create(model=model, messages=ASK, max_tokens=5, tools=TOOLS,

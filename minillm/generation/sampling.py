@@ -104,7 +104,7 @@ class SamplingParams:
                  "an integer >= 0 or None", self.logprobs)
         _require(isinstance(self.guided_json_object, bool), "guided_json_object", "True or False",
                  self.guided_json_object)
-        try:  # compile the constraint to its regex now (within a compile budget): a bad one fails here
+        try:  # compile the constraint (a regex, or a JSON grammar) within a compile budget now: a bad one fails here
             self.guided_pattern = guided_pattern(self.guided_regex, self.guided_json, self.guided_choice,
                                                  self.guided_json_object)
         except ValueError as e:

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from minillm.generation.constrained import Guide, TokenIndex, min_tokens_problem, token_index
+from minillm.generation.constrained import TokenIndex, constraint_index, min_tokens_problem, new_guide
+from minillm.generation.constrained.grammar_mask import GrammarIndex
 from minillm.generation.output import CompletionOutput, OutputBuilder
 from minillm.generation.sampling import Sampler, SamplingParams, TokenLogprobs
 from minillm.generation.stop import check_stop_strings
@@ -197,7 +198,7 @@ class LLMEngine:
     # ---- requests in ------------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    arrival: float | None = None, index: TokenIndex | None = None) -> str:
+                    arrival: float | None = None, index: TokenIndex | GrammarIndex | None = None) -> str:
         """Queue a request; a request that cannot run is refused here (``RequestRejected``). ``index``:
         its constraint's token index, compiled already by ``constraint_index`` (the server compiles
         off the engine thread); None: compiled here, if the request has a constraint."""
@@ -212,7 +213,8 @@ class LLMEngine:
                 problem := min_tokens_problem(index, params.min_tokens, self.max_model_len - len(prompt_ids))):
             raise RequestRejected(problem, "min_tokens")
         seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival,
-                         guide=None if index is None else Guide(index), jump_forward=self.jump_forward)
+                         guide=None if index is None else new_guide(index, params.max_tokens),
+                         jump_forward=self.jump_forward)
                 for i in range(params.n)]
         seqs[0].forks = seqs[1:]  # they fork its blocks once the prompt is cached
         builders = [OutputBuilder(self.tokenizer, params, len(prompt_ids), self.max_model_len, index=i)
@@ -256,15 +258,15 @@ class LLMEngine:
             raise RequestRejected(f"{param} holds token ids outside the vocabulary "
                                   f"[0, {self.tokenizer.vocab_size}): {bad[:5]}", param)
 
-    def constraint_index(self, params: SamplingParams) -> TokenIndex | None:
+    def constraint_index(self, params: SamplingParams) -> TokenIndex | GrammarIndex | None:
         """The structured-output index of the request's constraint (None: it has none), compiled within
         the default compile budget and cached; one the engine cannot honour -> ``RequestRejected``
         naming the field. It reads only the tokenizer and the (locked) index cache: safe from any thread."""
         if params.guided_pattern is None:
             return None
         try:
-            return token_index(params.guided_pattern, self.tokenizer)
-        except ValueError as e:   # ConstraintTooLarge naming its bound, RegexError
+            return constraint_index(params.guided_pattern, self.tokenizer)
+        except ValueError as e:   # ConstraintTooLarge naming its bound, RegexError, SchemaError
             raise RequestRejected(f"{params.constraint_field}: {e}", params.constraint_field) from None
 
     def abort(self, request_id: str) -> None:

@@ -54,6 +54,7 @@ DEFAULT_LIMITS = {
     "expanded_length": 100_000,          # characters a regex stands for once its counted repeats are unrolled
     "nfa_states": 400_000,               # Thompson states, code points and then bytes
     "dfa_states": 20_000,
+    "grammar_rules": 20_000,             # rules of a grammar, written from a schema
     "token_index_bytes": 128 << 20,      # one token index's arrays
     "seconds": 2.0,                      # CPU time of one compilation, all stages together
 }

@@ -1,7 +1,7 @@
 """One sequence's walk through a token index: what it may sample next, and what it must write next.
 
-    pattern = guided_pattern(json_schema=schema)      # SamplingParams does this when it is made
-    guide = Guide(token_index(pattern, tokenizer))
+    pattern = guided_pattern(regex=r"[a-z]+( [0-9]+)?")   # SamplingParams does this when it is made
+    guide = Guide(token_index(pattern, tokenizer))    # JSON: new_guide(constraint_index(...)), a GrammarGuide
     logits[mask_out(guide.allowed())] = -inf; token = sample(logits); guide.advance(token)
     guide.forced_tokens()   # jump-forward: tokens the pattern leaves no choice about
 
@@ -16,16 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from minillm.generation.constrained.automata import DEAD
-from minillm.generation.constrained.json_schema import json_object_regex, schema_to_regex
+from minillm.generation.constrained.grammar_guide import GrammarGuide, JsonGrammar, grammar_index
+from minillm.generation.constrained.grammar_mask import GrammarIndex
 from minillm.generation.constrained.regex import escape, parse
 from minillm.generation.constrained.token_index import TokenIndex, token_index
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
 
 def guided_pattern(regex: str | None = None, json_schema: dict | str | None = None,
-                   choice: list[str] | None = None, json_object: bool = False) -> str | None:
-    """The one regex a request's constraint stands for (None: unconstrained). Raises ValueError
-    (RegexError, SchemaError) naming what is not supported."""
+                   choice: list[str] | None = None, json_object: bool = False) -> str | JsonGrammar | None:
+    """The one constraint a request stands for: a regex (guided_regex, guided_choice), a JSON
+    grammar (guided_json, json_object: the pushdown engine of grammar_guide.py), or None
+    (unconstrained). Raises ValueError (RegexError, SchemaError) naming what is not supported."""
     given = [name for name, v in (("guided_regex", regex), ("guided_json", json_schema), ("guided_choice", choice))
              if v is not None] + (["json_object"] if json_object else [])
     if len(given) > 1:
@@ -34,15 +36,27 @@ def guided_pattern(regex: str | None = None, json_schema: dict | str | None = No
         parse(regex)   # refuse a bad pattern now, not at the first step
         return regex
     if json_schema is not None:
-        return schema_to_regex(json_schema)
+        return JsonGrammar.of(json_schema)
     if choice is not None:
         if not isinstance(choice, list) or not choice or not all(isinstance(c, str) for c in choice):
             raise ValueError("guided_choice must be a non-empty list of strings")
         return "|".join(f"(?:{escape(c)})" for c in choice)
-    return json_object_regex() if json_object else None
+    return JsonGrammar.of(None) if json_object else None
 
 
-def min_tokens_problem(index: TokenIndex, min_tokens: int, room: int) -> str | None:
+def constraint_index(constraint: str | JsonGrammar, tokenizer: Tokenizer) -> TokenIndex | GrammarIndex:
+    """The token index (regex) or grammar index (JSON) of a constraint; both cached per constraint."""
+    if isinstance(constraint, JsonGrammar):
+        return grammar_index(constraint, tokenizer)
+    return token_index(constraint, tokenizer)
+
+
+def new_guide(index: TokenIndex | GrammarIndex, max_tokens: int | None = None) -> Guide | GrammarGuide:
+    """One sequence's guide over an index; a grammar guide closes the structure within max_tokens."""
+    return GrammarGuide(index, max_tokens) if isinstance(index, GrammarIndex) else Guide(index)
+
+
+def min_tokens_problem(index: TokenIndex | GrammarIndex, min_tokens: int, room: int) -> str | None:
     """Why a request with this constraint and ``min_tokens`` (EOS not ignored) can never finish
     cleanly, or None when it may. ``room``: the most tokens the request can produce.
 
