@@ -16,7 +16,10 @@ import httpx
 import pytest
 import ray
 
+from minillm.llm import chat_prompt
+from minillm.runtime.config import EngineConfig
 from minillm.serve.app import BackgroundServer
+from minillm.serve.config import ServerConfig
 from minillm.serve.replicas import Replicas
 from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion, leave_a_long_stream,
                          streamed_greedy_text,  # noqa: F401 (fixtures)
@@ -33,8 +36,8 @@ SYSTEM = ("You are a patient assistant for a bicycle repair shop. Answer in one 
 
 @pytest.fixture(scope="module")
 def replicas(smollm2_path):
-    with Replicas(smollm2_path, num_replicas=2, routing="cache-aware", threads=1, max_num_seqs=32,
-                  kv_cache_bytes=32 << 20) as replicas:
+    engine = EngineConfig(model=smollm2_path, threads=1, max_num_seqs=32, kv_cache_bytes=32 << 20)
+    with Replicas(engine, ServerConfig(replicas=2, routing="cache-aware")) as replicas:
         yield replicas
     ray.shutdown()  # the rest of the suite runs without Ray's processes
 
@@ -46,8 +49,8 @@ def server(replicas):
 
 
 @pytest.fixture(scope="module")
-def llm(replicas):
-    return replicas.llm
+def tokenizer(replicas):
+    return replicas.tokenizer
 
 
 def replica_stats(replicas):
@@ -65,7 +68,7 @@ def assert_every_replica_idle(replicas) -> None:
 def test_a_replicas_rejection_is_the_same_400_naming_the_field(server, model, replicas):
     """Only the replica's engine checks a prompt + completion against the context: its RequestRejected
     crosses the actor boundary and reaches the client as the one-process server answers it."""
-    limit = replicas.llm.engine.stats().max_model_len
+    limit = replicas.limits.max_model_len
     with httpx.Client(base_url=server.url, timeout=None) as http:
         response = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": limit})
         assert response.status_code == 400
@@ -102,8 +105,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_the_replica(se
 
 
 def test_cache_aware_routing_keeps_a_shared_prefix_on_one_replica_where_it_hits(client, model, replicas):
-    block_size = replicas.llm.engine.stats().block_size
-    system_blocks = len(replicas.llm.chat_prompt([{"role": "system", "content": SYSTEM}])) // block_size
+    block_size = replicas.limits.block_size
+    system_blocks = len(chat_prompt(replicas.tokenizer, [{"role": "system", "content": SYSTEM}])) // block_size
     assert system_blocks >= 2  # the shared part spans several full blocks
     before_routed, before = list(replicas.replicas.routed), replica_stats(replicas)
     for question in ("How do I fix a flat tyre?", "My chain skips.", "Brakes squeal.", "Adjust my saddle?"):
@@ -119,11 +122,11 @@ def test_cache_aware_routing_keeps_a_shared_prefix_on_one_replica_where_it_hits(
 
 def test_bad_replica_settings_are_refused_before_anything_starts():
     with pytest.raises(ValueError, match="num_replicas must be >= 1"):
-        Replicas(num_replicas=0)
+        Replicas(server=ServerConfig(replicas=0))
     with pytest.raises(ValueError, match="threads must be >= 1"):
-        Replicas(threads=0)
+        Replicas(EngineConfig(threads=0))
     with pytest.raises(ValueError, match="routing must be one of"):
-        Replicas(routing="random")
+        Replicas(server=ServerConfig(routing="random"))
 
 
 @pytest.mark.parametrize("flags, message", [
