@@ -140,6 +140,72 @@ def test_serve_refuses_bad_replica_flags_by_name(flags, message):
     assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
+def weights_reachable(root) -> tuple[set[str], int]:
+    """The model objects (``Model``, ``QMatrix``) and the bytes of NumPy arrays reachable from ``root``,
+    following every reference except into modules, classes and functions' globals (which reach the
+    whole process); closures and bound methods are followed."""
+    import gc
+    import types
+
+    import numpy as np
+
+    from minillm.kernels.quant_formats import QMatrix
+    from minillm.model.transformer import Model
+
+    seen, stack, models, array_bytes = set(), [root], set(), 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (types.ModuleType, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (Model, QMatrix)):
+            models.add(type(obj).__name__)
+        if isinstance(obj, np.ndarray):
+            array_bytes += obj.nbytes
+            continue
+        if isinstance(obj, types.FunctionType):
+            stack += [*(obj.__closure__ or ()), *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+            continue
+        stack += gc.get_referents(obj)
+    return models, array_bytes
+
+
+def test_the_front_holds_no_model_weights_and_no_engine_thread(server, replicas):
+    """Before, the front loaded a whole LLM only to tokenize, and its app's engine thread idled."""
+    import threading
+
+    models, array_bytes = weights_reachable(replicas)  # the front: its app, client, tokenizer, handles
+    assert not models, models
+    assert array_bytes < 1 << 20, array_bytes  # the model file is ~100 MB of weights; the tokenizer holds none
+    assert not [t.name for t in threading.enumerate() if t.name == "minillm-engine"]
+
+
+def test_stopping_the_replicas_ends_each_stream_with_an_error_event_and_frees_its_blocks(server, model, replicas):
+    """The drain deadline (``shutdown.py``) calls ``client.stop()`` from a thread: every stream on a
+    replica ends as the single engine's do, and the replica aborts the request."""
+    import json
+    import threading
+
+    body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    events = []
+    try:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 2:
+                        threading.Thread(target=replicas.replicas.stop).start()
+        assert events[-1] == "[DONE]" and len(events) < 100, events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["message"] == "the server is shutting down" and error["type"] == "server_error"
+        refused = httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
+        assert refused.status_code == 503
+        assert_every_replica_idle(replicas)  # the Ray call was cancelled: the replica aborted it
+    finally:
+        replicas.replicas.stopping = False  # the module's last test needs the endpoint serving
+
+
 def test_a_replica_that_dies_mid_stream_ends_its_request_with_an_error_and_serve_replaces_it(server, model, replicas):
     """Last in the module: kill the actor serving a stream (its process dies as a crash would). The
     client gets an error event, never a hang; Ray Serve starts a new replica and the endpoint serves on."""
