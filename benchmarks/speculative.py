@@ -16,15 +16,28 @@ tokens over its wall time (prefill included, alike for all). "Single stream" run
 after another; "8 concurrent" (minillm only: llama-cpp-python serves one sequence) gives the
 engine all of them at once, 8 at a time. Goal: >= 1.8x single-stream on input-grounded, >= 0.95x
 on open-ended. Results: benchmarks/results/speculative.json.
+
+    .venv/bin/python benchmarks/speculative.py --crossover [--activations int8]
+
+measures where speculation stops paying (``speculation_crossover``), the measurement behind a
+``disable_by_batch_size`` default: for each batch size B, one forward of B decode rows against one
+verify forward of B sequences of k + 1 rows. A verify of a sequence yields on average
+``tokens_per_verify`` tokens (1 + the mean accepted length; by default the one this file's last
+input-grounded single-stream run measured), so drafting pays at B while
+verify seconds / plain seconds < tokens_per_verify. Small B is memory-bound (k + 1 rows cost
+little more than one), large B compute-bound (they cost k + 1 times as much). Results:
+benchmarks/results/speculative_crossover.json.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from pathlib import Path
 
-from common import (SETTLE_SECONDS, Contender, default_threads, interleaved, ratios, save_result, start_workers,
-                    summarize)
+from common import (RESULTS, SETTLE_SECONDS, Contender, default_threads, interleaved, ratios, save_result,
+                    start_workers, summarize)
 
 K = 4
 SOURCE = Path(__file__).resolve()
@@ -141,6 +154,64 @@ class LlamaCpp:
         return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 
 
+def committed_tokens_per_verify(default: float = 2.0) -> float:
+    """1 + the mean accepted length of the committed input-grounded single-stream ngram run."""
+    try:
+        results = json.loads((RESULTS / "speculative.json").read_text())["results"]
+        contenders = results["workloads"]["input-grounded"]["concurrency 1"]["contenders"]
+        return next(c["mean_accepted_length"] for n, c in contenders.items() if "mean_accepted_length" in c)
+    except (OSError, KeyError, StopIteration, ValueError):
+        return default
+
+
+def speculation_crossover(model, k: int = K, tokens_per_verify: float = 2.0,
+                          batch_sizes=(1, 2, 3, 4, 6, 8, 12, 16), repeats: int = 7, context: int = 64) -> dict:
+    """Per batch size B: the median seconds of a plain decode forward (B rows) and of a verify
+    forward (B sequences x (k + 1) rows), interleaved, each sequence ``context`` tokens into a
+    contiguous cache -> {"by_batch_size": {B: {...}}, "crossover": the smallest B where
+    verify / plain >= tokens_per_verify (None: speculation pays at every B measured)}.
+    ``disable_by_batch_size`` = crossover - 1 drafts exactly where it pays (None in the result when
+    there is no such setting: no crossover measured, or - ``pays_at_batch_1`` False - none at all)."""
+    import numpy as np
+
+    from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
+
+    cache = ContiguousKVCache(model.config, n_slots=max(batch_sizes), max_len=context + k + 1)
+    by_batch_size, crossover = {}, None
+    for B in batch_sizes:
+        forwards = {}
+        for name, rows in (("plain", 1), ("verify", k + 1)):
+            meta = AttentionMetadata(query_lens=[rows] * B, context_lens=[context] * B, seq_slots=list(range(B)))
+            forwards[name] = (np.ones(B * rows, dtype=np.int64), meta)
+        seconds: dict[str, list[float]] = {"plain": [], "verify": []}
+        for _, name in interleaved(["plain", "verify"], repeats + 1):  # the first of each: compile and warm
+            ids, meta = forwards[name]
+            start = time.perf_counter()
+            model.forward(ids, meta, cache)
+            seconds[name].append(time.perf_counter() - start)
+        plain, verify = (statistics.median(seconds[n][1:]) for n in ("plain", "verify"))
+        by_batch_size[B] = {"plain_s": plain, "verify_s": verify, "ratio": verify / plain,
+                            "pays": verify / plain < tokens_per_verify}
+        if crossover is None and not by_batch_size[B]["pays"]:
+            crossover = B
+        print(f"B = {B:2d}: plain {plain * 1e3:7.2f} ms, verify {verify * 1e3:7.2f} ms, ratio {verify / plain:5.2f}")
+    return {"k": k, "tokens_per_verify": tokens_per_verify, "context": context, "by_batch_size": by_batch_size,
+            "crossover": crossover, "pays_at_batch_1": crossover != 1,
+            "disable_by_batch_size": crossover - 1 if crossover is not None and crossover > 1 else None}
+
+
+def crossover_main(args) -> None:
+    from minillm.model.loader import load_model
+
+    model = load_model(activations=args.activations)
+    tokens = args.tokens_per_verify or committed_tokens_per_verify()
+    sizes, repeats = ((1, 2), 1) if args.quick else ((1, 2, 3, 4, 6, 8, 12, 16), args.repeats * 3)
+    results = speculation_crossover(model, K, tokens, sizes, repeats)
+    results["activations"], results["quick"] = args.activations, args.quick
+    print("crossover:", results["crossover"], "-> disable_by_batch_size", results["disable_by_batch_size"])
+    save_result("speculative_crossover", results)
+
+
 def contenders() -> list[Contender]:
     spec = {"method": "ngram", "num_speculative_tokens": K}
     return [Contender("minillm plain", "Minillm", {}, SOURCE),
@@ -154,7 +225,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 + 1 prompts, 24 tokens, 1 repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--crossover", action="store_true",
+                        help="measure the batch size where speculation stops paying (in this process)")
+    parser.add_argument("--activations", choices=("fp32", "int8"), default="fp32", help="--crossover's mode")
+    parser.add_argument("--tokens-per-verify", type=float, default=None,
+                        help="--crossover: tokens a verify yields (default: the committed run's 1 + accepted)")
     args = parser.parse_args()
+    if args.crossover:
+        return crossover_main(args)
     grounded, open_ended = (GROUNDED[:2], OPEN[:1]) if args.quick else (GROUNDED, OPEN)
     max_tokens, repeats = (24, 1) if args.quick else (96, args.repeats)
     workers = {w.name: w for w in start_workers(contenders(), "native", args.threads)}

@@ -7,19 +7,26 @@
 - against exact mode: int8 activations move each x by at most d_x / 2, so |y_int8 - W x| is bounded
   by sum_j |w_j| d_x(j) / 2 (plus the same fp32 slack) - a bound that a wrong scale breaks;
 - every instruction set this target can run (generic vectors, AVX2, AVX-512, AVX-512 VNNI), on
-  every shape class: 1 row, rows off the interleave, 1 block, the SmolLM2 shapes, T = 1 ... 64.
+  every shape class: 1 row, rows off the interleave, 1 block, the SmolLM2 shapes, T = 1 ... 64;
+- T rows in one call (matvec_rows, what qlinear runs for T <= 8): row t bit for bit the one-row
+  kernel's result for x[t], and within the activation rounding of reference.qlinear (the spec);
+- through the model: a decode batch and a verify-shaped forward in int8 mode pick the tokens the
+  one-row path picks (the same logits, as the kernel rows are bit-identical).
+AVX2 code on an AVX-512 host: NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="" python -m pytest this file.
 """
 import numpy as np
 import pytest
 from test_quant import QTYPES, SMOLLM2_SHAPES, oracle_dequantize, realistic_qmatrix
 
 from minillm.hardware.machine import compile_target
+from minillm.kernels import reference
 from minillm.kernels.cpu import quant
 from minillm.kernels.cpu import quant_int8
 from minillm.kernels.cpu.quant_repack import ROWS_PER_GROUP, repack
 
 SHAPES = [(1, 32), (1, 576), (3, 64), (7, 96), (13, 32), (17, 576), *SMOLLM2_SHAPES]
 T_VALUES = (1, 2, 3, 4, 5, 17, 64)
+ROWS_T = range(1, quant.REPACKED_MATVEC_ROWS_MAX_T + 1)  # what qlinear sends to matvec_rows
 
 
 def runnable_isas() -> list[int]:
@@ -33,6 +40,20 @@ def runnable_isas() -> list[int]:
         if target.vnni:
             isas.append(quant_int8.AVX512_VNNI)
     return isas
+
+
+def rows_per_group_for(isa: int) -> int:
+    """The target's R for the AVX-512 kernels (they pair rows); 4, AVX2's R, for the others."""
+    return ROWS_PER_GROUP if quant_int8.rows_per_vector(isa) == 2 else 4
+
+
+def activation_rounding_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (T, cols), w (rows, cols) float64 -> (T, rows): how far int8 activations may move x @ w.T.
+    Rounding moves each x by at most d_x / 2; fp32 accumulation adds 1e-5 of the magnitudes."""
+    T = x.shape[0]
+    d_x = np.abs(x).reshape(T, -1, 32).max(axis=2) / 127  # (T, blocks)
+    half_step = np.repeat(d_x / 2, 32, axis=1)  # (T, cols)
+    return half_step @ np.abs(w).T + 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6
 
 
 def model_quantize_activations(x: np.ndarray):
@@ -60,15 +81,16 @@ def model_int8_matvec(x: np.ndarray, qm) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("cols", [32, 96, 1536])
 def test_activation_quantization_equals_the_numpy_model(cols):
     rng = np.random.default_rng(cols)
-    x = rng.standard_normal(cols).astype(np.float32) * rng.uniform(0.01, 10)
-    x[:32] = 0.0  # an all-zero block: d = 0, codes 0
+    x = rng.standard_normal((3, cols)).astype(np.float32) * rng.uniform(0.01, 10, (3, 1)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block: d = 0, codes 0
     if cols > 32:
-        x[32:64] = np.linspace(-127, 127, 32, dtype=np.float32) / 2  # halves: rounding ties
-    codes, scales, sums = quant_int8.quantize_activations(x)
-    want_codes, want_scales, want_sums = model_quantize_activations(x)
-    np.testing.assert_array_equal(codes, want_codes)
-    np.testing.assert_array_equal(scales, want_scales)
-    np.testing.assert_array_equal(sums, want_sums)
+        x[1, 32:64] = np.linspace(-127, 127, 32, dtype=np.float32) / 2  # halves: rounding ties
+    codes, scales, sums = quant_int8.quantize_activations(x)  # (3, cols), (3, blocks), (3, blocks)
+    for t in range(3):
+        want_codes, want_scales, want_sums = model_quantize_activations(x[t])
+        np.testing.assert_array_equal(codes[t], want_codes)
+        np.testing.assert_array_equal(scales[t], want_scales)
+        np.testing.assert_array_equal(sums[t], want_sums)
     assert np.abs(codes).max() <= 127
 
 
@@ -78,8 +100,7 @@ def test_activation_quantization_equals_the_numpy_model(cols):
 def test_int8_matvec_equals_the_integer_model(isa, qtype, rows, cols):
     qm = realistic_qmatrix(qtype, rows, cols, seed=rows + cols)
     x = np.random.default_rng(cols).standard_normal(cols).astype(np.float32)
-    rows_per_group = ROWS_PER_GROUP if isa in (quant_int8.AVX512, quant_int8.AVX512_VNNI) else 4
-    y = quant_int8.matvec(x, repack(qm, "int8", rows_per_group), isa=isa)
+    y = quant_int8.matvec(x, repack(qm, "int8", rows_per_group_for(isa)), isa=isa)
     expected, magnitude = model_int8_matvec(x, qm)
     assert y.dtype == np.float32 and y.shape == (rows,)
     assert np.all(np.abs(y - expected) <= 1e-5 * magnitude + 1e-6)
@@ -93,10 +114,48 @@ def test_int8_qlinear_is_within_the_activation_rounding_of_exact(qtype, T):
     y = quant.qlinear(x, repack(qm, "int8"))  # (T, 101)
     w = oracle_dequantize(qm).astype(np.float64)  # (101, 96)
     exact = x.astype(np.float64) @ w.T  # (T, 101)
-    d_x = np.abs(x).reshape(T, -1, 32).max(axis=2) / 127  # (T, blocks)
-    half_step = np.repeat(d_x / 2, 32, axis=1)  # (T, 96): the most rounding can move each x
-    bound = half_step @ np.abs(w).T + 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6  # (T, 101)
-    assert np.all(np.abs(y - exact) <= bound)
+    assert np.all(np.abs(y - exact) <= activation_rounding_bound(x.astype(np.float64), w))
+
+
+@pytest.mark.parametrize("isa", runnable_isas(), ids=lambda i: quant_int8.ISA_NAMES[i])
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows, cols", SHAPES)
+def test_int8_rows_are_the_one_row_kernel_and_within_rounding_of_the_reference(isa, qtype, rows, cols):
+    """T = 1..8 rows in one call: each row bit for bit the one-row kernel's (whose arithmetic the
+    integer-model test pins down), and all of them within the activation rounding of reference.qlinear."""
+    qm = realistic_qmatrix(qtype, rows, cols, seed=3 * rows + cols)
+    w = repack(qm, "int8", rows_per_group_for(isa))
+    x = np.random.default_rng(rows * cols).standard_normal((max(ROWS_T), cols)).astype(np.float32)
+    x[-1] *= 40  # rows of very different scales share the call
+    one_row = np.stack([quant_int8.matvec(row, w, isa=isa) for row in x])  # (8, rows)
+    spec = reference.qlinear(x, qm).astype(np.float64)                      # (8, rows)
+    bound = activation_rounding_bound(x.astype(np.float64), oracle_dequantize(qm).astype(np.float64))
+    for T in ROWS_T:
+        y = quant_int8.matvec_rows(x[:T], w, isa=isa)  # (T, rows)
+        assert y.dtype == np.float32 and y.shape == (T, rows)
+        np.testing.assert_array_equal(y, one_row[:T], err_msg=f"T = {T}")
+        assert np.all(np.abs(y - spec[:T]) <= bound[:T]), f"T = {T}"
+
+
+def test_rows_per_pass_keeps_the_sums_in_registers_and_divides_the_group():
+    for isa, budget in ((quant_int8.AVX512_VNNI, 8), (quant_int8.AVX2, 4)):
+        per_vector = quant_int8.rows_per_vector(isa)
+        for R in (4, 8):
+            for T in ROWS_T:
+                rows = quant_int8.rows_per_pass(R, T, isa)
+                assert R % rows == 0 and rows % per_vector == 0
+                assert rows == per_vector or (rows // per_vector) * T <= budget
+
+
+def test_qlinear_sends_a_few_int8_rows_to_one_kernel_call(monkeypatch):
+    """The dispatch: T <= 8 rows on an int8 matrix are one matvec_rows call, not T matvec calls."""
+    qm = repack(realistic_qmatrix("Q4_1", 64, 96), "int8")
+    calls = []
+    monkeypatch.setattr(quant_int8, "matvec", lambda *a, **k: calls.append("matvec"))
+    real = quant_int8.matvec_rows
+    monkeypatch.setattr(quant_int8, "matvec_rows", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    quant.qlinear(np.ones((5, 96), dtype=np.float32), qm)
+    assert calls == [5]
 
 
 def test_the_hot_loop_uses_the_integer_instructions():
@@ -109,3 +168,56 @@ def test_the_hot_loop_uses_the_integer_instructions():
         assert any(line.startswith("vpmaddubsw") for line in loop)
         assert any(line.startswith("vpmaddwd") for line in loop)
     assert any(line.startswith("vfmadd") for line in loop)  # one FMA per block and row (pair)
+
+
+# -----------------------------------------------------------------------------------------------
+# Through the model: the T-row kernel changes no token
+
+def _greedy_batch_and_verify(model, prompts, steps: int, verify_len: int):
+    """Prefill each prompt in its own slot, decode all of them together (one row each) ``steps``
+    times greedily, then run a verify-shaped forward (``verify_len`` rows of sequence 0, logits for
+    every row) -> (the tokens (steps, B), the decode logits (steps, B, V), the verify logits)."""
+    from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
+
+    B = len(prompts)
+    cache = ContiguousKVCache(model.config, n_slots=B, max_len=64)
+    last = []
+    for slot, ids in enumerate(prompts):
+        meta = AttentionMetadata(query_lens=[len(ids)], context_lens=[0], seq_slots=[slot])
+        last.append(int(np.argmax(model.forward(np.asarray(ids), meta, cache)[0])))
+    lengths = [len(ids) for ids in prompts]
+    tokens, logits = [], []
+    for _ in range(steps):
+        meta = AttentionMetadata(query_lens=[1] * B, context_lens=lengths, seq_slots=list(range(B)))
+        out = model.forward(np.asarray(last), meta, cache)  # (B, V): B rows through every matvec
+        logits.append(out)
+        last = [int(i) for i in np.argmax(out, axis=1)]
+        tokens.append(last)
+        lengths = [n + 1 for n in lengths]
+    draft = [*tokens[-1][:1], *max(prompts, key=len)[:verify_len - 1]]  # k + 1 rows of one sequence, as a verify sends
+    meta = AttentionMetadata(query_lens=[verify_len], context_lens=[lengths[0]], seq_slots=[0],
+                             logits_indices=np.arange(verify_len))
+    return np.array(tokens), np.stack(logits), model.forward(np.asarray(draft), meta, cache)
+
+
+@pytest.mark.slow
+def test_int8_model_rows_in_one_call_give_the_one_row_tokens(smollm2_path, monkeypatch):
+    """Decode batches of 8 streams and a 5-row verify in int8 mode: the same logits, bit for bit,
+    and so the same greedy tokens, as when every row runs the one-row kernel alone."""
+    from minillm.model.loader import load_model
+
+    model = load_model(smollm2_path, activations="int8")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (3, 5, 7, 9, 11, 4, 6, 13)]
+    tokens, logits, verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=5)
+
+    rows_in_one_call = quant_int8.matvec_rows
+
+    def one_row_at_a_time(x, w, isa=None):
+        return np.concatenate([rows_in_one_call(x[t:t + 1], w, isa) for t in range(len(x))])  # (T, rows)
+
+    monkeypatch.setattr(quant_int8, "matvec_rows", one_row_at_a_time)
+    want_tokens, want_logits, want_verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=5)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(logits, want_logits)
+    np.testing.assert_array_equal(verify, want_verify)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minillm.generation.constrained import Guide, guided_pattern
+from minillm.kernels.cpu import sampling as compiled
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
 
@@ -103,17 +104,21 @@ class SamplingParams:
                  "an integer >= 0 or None", self.logprobs)
         _require(isinstance(self.guided_json_object, bool), "guided_json_object", "True or False",
                  self.guided_json_object)
-        try:  # compile the constraint to its regex now: a bad one fails here, naming its field
+        try:  # compile the constraint to its regex now (within a compile budget): a bad one fails here
             self.guided_pattern = guided_pattern(self.guided_regex, self.guided_json, self.guided_choice,
                                                  self.guided_json_object)
         except ValueError as e:
-            field_name = next((n for n in ("guided_regex", "guided_json", "guided_choice") if getattr(self, n)
-                               is not None), "guided_json_object")
-            raise ValueError(f"{field_name} is not supported: {e}") from None
+            raise ValueError(f"{self.constraint_field} is not supported: {e}") from None
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def constraint_field(self) -> str:
+        """The field that holds the request's constraint: what an error about it names."""
+        return next((n for n in ("guided_regex", "guided_json", "guided_choice") if getattr(self, n) is not None),
+                    "guided_json_object")
 
 
 @dataclass
@@ -150,6 +155,8 @@ class TokenLogprobs:
 class SampleResult:
     token_ids: np.ndarray                   # (B,) int64, one chosen token per row
     logprobs: list[TokenLogprobs | None]    # per row; None where params.logprobs is None
+    errors: dict[int, str] = field(default_factory=dict)   # row -> why no token was allowed (its token is
+                                                           # meaningless): that sequence cannot go on
 
 
 # -----------------------------------------------------------------------------------------------
@@ -304,22 +311,43 @@ class Sampler:
             # The greedy fast path: argmax of the raw logits is the whole answer. It skips the
             # float64 copy of the (B, V) logits and the per-row pipeline: at B = 1 on SmolLM2
             # (V = 49152) the general path takes ~30 us, this one ~5 us.
-            chosen = np.argmax(raw, axis=-1)                                    # (B,) ties: lowest id
+            chosen, errors = np.argmax(raw, axis=-1), {}                        # (B,) ties: lowest id
             for row, state in enumerate(states):
                 if state.guide is not None:  # the argmax among the allowed (sorted: ties to the lowest id)
                     allowed = state.guide.allowed()                             # (K,)
-                    chosen[row] = allowed[np.argmax(raw[row, allowed])]
-            return SampleResult(chosen, [None] * len(states))
+                    if allowed.size:
+                        chosen[row] = allowed[np.argmax(raw[row, allowed])]
+                    else:
+                        errors[row] = self._why_stuck(state)
+            return SampleResult(chosen, [None] * len(states), errors)
         params = [s.params for s in states]
         x = self._adjusted(raw, states)                                         # (B, V)
+        # A row the constraint and min_tokens leave no token: its sequence alone ends (the engine
+        # finishes it with an error), instead of drawing a token that breaks the constraint.
+        errors = {row: self._why_stuck(state) for row, state in enumerate(states)
+                  if (state.guide is not None or len(state.output_ids) < state.params.min_tokens)
+                  and np.isneginf(x[row]).all()}
 
         # Every row's argmax (first max: lowest id) is the greedy rows' answer; the others are
         # drawn below. Cheaper than first copying the greedy rows out of a (B, V) array.
         chosen = np.argmax(x, axis=-1)                                          # (B,)
-        rows = np.flatnonzero([not p.greedy for p in params])
+        rows = np.array([i for i, p in enumerate(params) if not p.greedy and i not in errors], dtype=np.int64)
         if rows.size:
             chosen[rows] = self._sample_random(x[rows], [states[i] for i in rows])
-        return SampleResult(chosen, self.logprobs(raw, chosen, params))
+        return SampleResult(chosen, self.logprobs(raw, chosen, params), errors)
+
+    @staticmethod
+    def _why_stuck(state: SamplingState) -> str:
+        """The message for a sequence that no token may continue."""
+        p, done = state.params, len(state.output_ids)
+        if state.guide is None:
+            return (f"min_tokens = {p.min_tokens}: the tokens it masks before {p.min_tokens} tokens (EOS and "
+                    f"stop_token_ids) leave no token to draw")
+        if not state.guide.allowed().size:
+            return f"{p.constraint_field}: the constraint allows no token after {done} tokens"
+        return (f"min_tokens = {p.min_tokens}: after {done} tokens the constraint allows only the end of the text, "
+                f"which min_tokens forbids before {p.min_tokens} tokens (a shorter min_tokens, or a constraint "
+                f"with longer texts, would do)")
 
     def probabilities(self, logits: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
         """The distribution ``sample`` draws each row's token from -> (B, V) float64.
@@ -345,7 +373,7 @@ class Sampler:
         penalised = [i for i, p in enumerate(params)
                      if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1]
         if penalised:
-            x[penalised] = apply_penalties(
+            x[penalised] = compiled.apply_penalties(
                 x[penalised], [states[i].prompt_ids for i in penalised], [states[i].output_ids for i in penalised],
                 np.array([params[i].presence_penalty for i in penalised]),
                 np.array([params[i].frequency_penalty for i in penalised]),
@@ -365,26 +393,23 @@ class Sampler:
 
     @staticmethod
     def _sample_random(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
-        x = Sampler._filtered(x, states)                                       # (R, V)
+        """_filtered, then draw, compiled in one pass (kernels/cpu/sampling.py: the same tokens)."""
+        params = [s.params for s in states]
         uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
-        return draw(x, uniforms)
+        return compiled.sample_rows(x, *Sampler._filter_parameters(params), uniforms)
 
     @staticmethod
     def _filtered(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
-        """Temperature, then min_p, top_k and top_p, on rows that sample at random -> (R, V)."""
-        params = [s.params for s in states]
-        x = x / np.array([p.temperature for p in params])[:, None]             # (R, V)
-        # Each filter runs only on the rows that use it: top-k and top-p sort, and sorts cost.
-        min_p = np.array([p.min_p for p in params])                            # (R,)
-        if (use := min_p > 0).any():
-            x[use] = min_p_filter(x[use], min_p[use])
-        top_k = np.array([p.top_k for p in params])                            # (R,)
-        if (use := top_k > 0).any():
-            x[use] = top_k_filter(x[use], top_k[use])
-        top_p = np.array([p.top_p for p in params])                            # (R,)
-        if (use := top_p < 1).any():
-            x[use] = top_p_filter(x[use], top_p[use])
-        return x
+        """Temperature, then min_p, top_k and top_p, on rows that sample at random -> (R, V).
+        Compiled (kernels/cpu/sampling.py); min_p_filter, top_k_filter and top_p_filter above
+        are its specification."""
+        return compiled.filter_rows(x, *Sampler._filter_parameters([s.params for s in states]))
+
+    @staticmethod
+    def _filter_parameters(params: Sequence[SamplingParams]) -> tuple[np.ndarray, ...]:
+        """(temperature, min_p, top_k, top_p), each (R,)."""
+        return tuple(np.array([getattr(p, name) for p in params])
+                     for name in ("temperature", "min_p", "top_k", "top_p"))
 
     @staticmethod
     def logprobs(raw: np.ndarray, chosen: np.ndarray, params: Sequence[SamplingParams]) -> list:

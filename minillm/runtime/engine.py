@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minillm.generation.constrained import Guide, token_index
-from minillm.generation.constrained.automata import AutomatonTooLarge
+from minillm.generation.constrained import Guide, TokenIndex, min_tokens_problem, token_index
 from minillm.generation.output import CompletionOutput, OutputBuilder
 from minillm.generation.sampling import Sampler, SamplingParams, TokenLogprobs
 from minillm.generation.tokenizer import Tokenizer
@@ -45,6 +44,7 @@ if TYPE_CHECKING:  # torch loads only when a group is started
     from minillm.runtime.tensor_parallel import TensorParallelGroup
 
 FINISH_ABORT = "abort"
+FINISH_ERROR = "error"   # the sequence alone could not go on (its constraint left no token): StepOutput.error says why
 
 KV_CACHE_CAP = 4 << 30       # the default KV budget never exceeds this (vLLM's CPU backend default)
 KV_CACHE_SHARE = 4           # ... nor 1/4 of the memory available when the engine starts
@@ -86,6 +86,7 @@ class StepOutput:
     finished: bool                   # this completion is done
     finish_reason: str | None
     request_finished: bool           # all n completions are done: pop_request may take it
+    error: str | None = None         # finish_reason FINISH_ERROR: why (token_id is then -1, no token was drawn)
 
 
 @dataclass(frozen=True)
@@ -202,15 +203,20 @@ class LLMEngine:
     # ---- requests in ------------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    arrival: float | None = None) -> str:
-        """Queue a request; a request that cannot run is refused here (``RequestRejected``)."""
+                    arrival: float | None = None, index: TokenIndex | None = None) -> str:
+        """Queue a request; a request that cannot run is refused here (``RequestRejected``). ``index``:
+        its constraint's token index, compiled already by ``constraint_index`` (the server compiles
+        off the engine thread); None: compiled here, if the request has a constraint."""
         prompt_ids = [int(t) for t in prompt_ids]
         self.check_request(prompt_ids, params)
         request_id = str(next(self.request_ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         arrival = time.perf_counter() if arrival is None else arrival
-        index = self._token_index(params)
+        index = self.constraint_index(params) if index is None else index
+        if index is not None and not params.ignore_eos and (
+                problem := min_tokens_problem(index, params.min_tokens, self.max_model_len - len(prompt_ids))):
+            raise RequestRejected(problem, "min_tokens")
         seqs = [Sequence(next(self.seq_ids), request_id, prompt_ids, params, choice=i, arrival=arrival,
                          guide=None if index is None else Guide(index)) for i in range(params.n)]
         builders = [OutputBuilder(self.tokenizer, params, len(prompt_ids), self.max_model_len, index=i)
@@ -242,16 +248,16 @@ class LLMEngine:
         they read only limits fixed when the engine was built, which makes them safe from any thread."""
         self.limits.check_params(params)
 
-    def _token_index(self, params: SamplingParams):
-        """The structured-output index of the request's constraint (built once per pattern, then cached)."""
+    def constraint_index(self, params: SamplingParams) -> TokenIndex | None:
+        """The structured-output index of the request's constraint (None: it has none), compiled within
+        the default compile budget and cached; one the engine cannot honour -> ``RequestRejected``
+        naming the field. It reads only the tokenizer and the (locked) index cache: safe from any thread."""
         if params.guided_pattern is None:
             return None
         try:
             return token_index(params.guided_pattern, self.tokenizer)
-        except AutomatonTooLarge as e:
-            field = next(n for n in ("guided_regex", "guided_json", "guided_choice", "guided_json_object")
-                         if getattr(params, n) not in (None, False))
-            raise RequestRejected(f"{field}: {e}", field) from None
+        except ValueError as e:   # ConstraintTooLarge naming its bound, RegexError
+            raise RequestRejected(f"{params.constraint_field}: {e}", params.constraint_field) from None
 
     def abort(self, request_id: str) -> None:
         """Stop a request in whatever state it is; its blocks return to the pool."""
@@ -311,7 +317,10 @@ class LLMEngine:
         if seqs:
             drawn = self.sampler.sample(logits[rows], [s.sampler_state for s in seqs])
             now = time.perf_counter()
-            for seq, tok, lp in zip(seqs, drawn.token_ids, drawn.logprobs):
+            for row, (seq, tok, lp) in enumerate(zip(seqs, drawn.token_ids, drawn.logprobs)):
+                if row in drawn.errors:   # no token was allowed: this sequence ends, the batch goes on
+                    outputs.append(self._fail(seq, drawn.errors[row], now))
+                    continue
                 outputs.append(self._append(seq, int(tok), lp, now))
                 if self.jump_forward and seq.sampler_state.guide is not None and seq.params.logprobs is None:
                     outputs += self._jump_forward(seq, now)
@@ -377,6 +386,15 @@ class LLMEngine:
             seq.times.finished = now
         return StepOutput(seq.request_id, seq.choice, token_id, delta, logprobs, first, seq.finished,
                           builder.output.finish_reason, request.finished)
+
+    def _fail(self, seq: Sequence, message: str, now: float) -> StepOutput:
+        """End one sequence with FINISH_ERROR and no token; its blocks go back to the pool."""
+        request = self.requests[seq.request_id]
+        request.builders[seq.choice].output.finish_reason = FINISH_ERROR
+        self.scheduler.finish(seq)
+        seq.times.finished = now
+        return StepOutput(seq.request_id, seq.choice, -1, "", None, False, True, FINISH_ERROR, request.finished,
+                          error=message)
 
     def _record(self, plan: SchedulerOutput) -> StepPlan:
         """The plan as plain facts, taken before the forward moves the sequences on."""

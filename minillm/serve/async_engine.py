@@ -6,7 +6,9 @@ come back through one ``asyncio.Queue`` per request:
 
     event loop (HTTP handlers)                          engine thread
     --------------------------                          -------------
-    submit(prompt, params) ---- Add ----> commands ---> engine.add_request (RequestRejected -> 400)
+    submit(prompt, params)
+      constraint -> token index in the compile thread
+                      ---- Add ----> commands ---> engine.add_request (RequestRejected -> 400)
                                                         while work exists:
                                                             run the commands that came in
                                                             engine.step()
@@ -16,6 +18,17 @@ come back through one ``asyncio.Queue`` per request:
 ``call_soon_threadsafe`` is the only safe way into the event loop from another thread: it queues
 the ``put_nowait`` call and wakes the loop. With no work the thread sleeps on a condition
 variable, so an idle server costs nothing.
+
+A constraint (``guided_*``, ``response_format``, tools) is compiled to its token index before the
+request reaches the engine, in a thread of its own (one: a compile is CPU work, two at once would
+only share the same cores), within the compile budget (a 400 naming the bound past it). On the
+engine thread a compile of a second stalled every stream. In the compile thread it shares the GIL
+with the engine thread, which Python hands over every few milliseconds, and the index's trie walk
+(most of a compile) runs without it. It still shares the cores: on two of them, a walk beside the
+engine's two kernel threads added seconds to a two-token request, so the compile thread runs at
+the lowest priority (nice 19) and gets the cores the engine leaves. The price: while the thread
+holds the GIL in a Python stage (parsing, subset construction: each bounded by the budget), a
+busy machine can keep it waiting for a core, and the engine thread waits for the GIL with it.
 
 Back-pressure: requests accepted but not yet running are counted; past ``max_waiting`` a new
 request gets a 503 at once, instead of a queue that grows without bound while every client waits
@@ -37,7 +50,9 @@ that have produced no token yet ("newcomers") are taken out of the engine (their
 seen nothing, so nothing is lost) and readmitted one per step. A step that fails while a
 readmitted request is the only newcomer is that request's fault: it alone gets the error (a 500).
 A step that fails with no newcomer in flight fails every request in flight, as before: the fault
-is in the engine, not in one request. Either way the thread lives on and keeps serving.
+is in the engine, not in one request. Either way the thread lives on and keeps serving. A
+sequence the engine itself ends with ``FINISH_ERROR`` (its constraint left no token to draw) is
+known to be its request's fault: that request alone gets the error (``RequestFailed``, a 400).
 (A step that raised after some of its tokens were appended loses those tokens; the retry starts
 from the next step.) A request older than ``request_timeout`` seconds is aborted with a 504.
 """
@@ -45,14 +60,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from minillm.generation.constrained import TokenIndex
 from minillm.generation.sampling import SamplingParams
-from minillm.runtime.engine import EngineStats, LLMEngine, StepOutput
+from minillm.runtime.engine import FINISH_ERROR, EngineStats, LLMEngine, StepOutput
 from minillm.runtime.errors import RequestRejected
 from minillm.serve.client import ACCEPTED, SHUTTING_DOWN, EngineFailure, RequestStream, RequestTimedOut
 from minillm.serve.errors import APIError
@@ -60,17 +78,34 @@ from minillm.serve.metrics import ServerMetrics, StatsLogger
 
 log = logging.getLogger("minillm.serve")
 
+COMPILE_NICE = 19      # the compile thread's nice value: the lowest priority
+
+
+class RequestFailed(EngineFailure):
+    """The engine ended one of the request's sequences with an error of the request's own making
+    (``FINISH_ERROR``: its constraint left no token); the other requests run on."""
+    status = 400
+
+
 @dataclass
 class Add:
     stream: RequestStream
     prompt_ids: list[int]
     params: SamplingParams
     arrival: float
+    index: TokenIndex | None = None   # the constraint's token index, compiled off the engine thread
 
 
 @dataclass
 class Abort:
     request_id: str
+
+
+def lower_priority() -> None:
+    """The calling thread yields the cores to every other thread of normal priority (Linux: a
+    thread has its own nice value). The compile thread calls it: the engine's step wins."""
+    if hasattr(os, "setpriority"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
 
 
 class AsyncEngine:
@@ -108,6 +143,8 @@ class AsyncEngine:
         self.stopping = False                   # guarded by wakeup
         self.streams: dict[str, RequestStream] = {}  # engine thread only
         self.thread = threading.Thread(target=self.run, name="minillm-engine", daemon=True)
+        self.compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-compile",
+                                           initializer=lower_priority)
 
     # ---- the event loop's side -----------------------------------------------------------
 
@@ -119,6 +156,7 @@ class AsyncEngine:
         with self.wakeup:
             self.stopping = True
             self.wakeup.notify()
+        self.compiler.shutdown(wait=False, cancel_futures=True)
         self.thread.join()
 
     @property
@@ -136,6 +174,7 @@ class AsyncEngine:
                 raise RequestRejected(f"n x max_tokens = {params.n} x {budget // params.n} = {budget} tokens exceeds "
                                       f"this server's limit per request ({self.max_request_tokens}); lower n or "
                                       f"max_tokens", "max_tokens")
+        index = await self.compiled(params)
         stream = RequestStream(request_id, params.n, len(prompt_ids), self.abort)
         with self.wakeup:
             if not self.alive:
@@ -148,7 +187,7 @@ class AsyncEngine:
                 raise APIError(503, f"the server is overloaded: {self.queued_tokens} prompt tokens are already "
                                     f"waiting to be prefilled (max_queued_tokens = {self.max_queued_tokens}); "
                                     f"retry later")
-            self.commands.append(Add(stream, prompt_ids, params, arrival))
+            self.commands.append(Add(stream, prompt_ids, params, arrival, index))
             self.count_waiting()
             self.wakeup.notify()
         try:
@@ -157,6 +196,13 @@ class AsyncEngine:
             stream.close()
             raise
         return stream
+
+    async def compiled(self, params: SamplingParams) -> TokenIndex | None:
+        """The request's constraint as a token index, compiled in the compile thread (from the index
+        cache if it was compiled before); RequestRejected naming the field if it cannot be."""
+        if params.guided_pattern is None:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self.compiler, self.engine.constraint_index, params)
 
     def check_params(self, params: SamplingParams) -> None:
         """The engine's checks that need no prompt (``LLMEngine.check_params``: fixed limits only, so
@@ -244,7 +290,7 @@ class AsyncEngine:
         stream, request_id = command.stream, command.stream.request_id
         try:
             self.engine.add_request(command.prompt_ids, command.params, request_id=request_id,
-                                    arrival=command.arrival)
+                                    arrival=command.arrival, index=command.index)
         except RequestRejected as e:
             self.forget(request_id)
             stream.put(e)
@@ -316,6 +362,9 @@ class AsyncEngine:
         self.metrics.observe_step(len(outputs), num_prompt)
         self.stats_logger.step(self.engine.stats(), len(outputs), num_prompt)
         for request_id, request_outputs in by_request.items():
+            if failed := next((out.error for out in request_outputs if out.finish_reason == FINISH_ERROR), None):
+                self.fail([request_id], failed, RequestFailed)   # it alone: its siblings end with it
+                continue
             self.streams[request_id].put(request_outputs)
             self.newcomers.pop(request_id, None)  # it has a token out: no longer a suspect
             if self.on_probation == request_id:

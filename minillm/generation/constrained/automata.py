@@ -10,6 +10,11 @@ character range with the UTF-8 byte sequences that encode it.
     dfa = minimize(determinize(nfa))     # the fewest states that accept the same language
     dfa.fullmatch("abcb")                # True, exactly when re.fullmatch agrees
     byte_dfa = compile_byte_dfa(r"a[bc]*")   # the same language, one byte at a time
+
+Subset construction can blow up exponentially, and a counted repeat copies its node: every stage
+counts what it builds against a ``CompileBudget`` (budget.py) and stops with ``ConstraintTooLarge``
+naming the bound - NFA states as they are added, DFA states as they are discovered, the CPU time
+while it refines - instead of hanging or filling the memory first.
 """
 from __future__ import annotations
 
@@ -19,14 +24,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.regex import Alternate, Chars, Concat, Repeat, parse
 
 DEAD = -1                # the transition to "no match possible any more"
-MAX_DFA_STATES = 20_000  # subset construction can blow up exponentially: refuse instead of hanging
-
-
-class AutomatonTooLarge(ValueError):
-    """The DFA would exceed MAX_DFA_STATES states."""
+COUNT_EVERY = 1024       # NFA states are counted against the budget once per this many (each count reads a clock)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -36,15 +38,19 @@ class AutomatonTooLarge(ValueError):
 @dataclass
 class NFA:
     """States 0..n-1; ``edges[s]`` holds (lo, hi, target) symbol-range moves, ``eps[s]`` the targets
-    reached without reading anything. One start, one accepting state."""
+    reached without reading anything. One start, one accepting state. States are counted against
+    ``budget`` as they are added."""
     edges: list[list[tuple[int, int, int]]] = field(default_factory=list)
     eps: list[list[int]] = field(default_factory=list)
     start: int = 0
     accept: int = 0
+    budget: CompileBudget = field(default_factory=CompileBudget, repr=False)
 
     def add_state(self) -> int:
         self.edges.append([])
         self.eps.append([])
+        if len(self.edges) % COUNT_EVERY == 0:
+            self.budget.count("nfa_states", len(self.edges))
         return len(self.edges) - 1
 
     @property
@@ -52,10 +58,10 @@ class NFA:
         return len(self.edges)
 
 
-def thompson(node) -> NFA:
+def thompson(node, budget: CompileBudget | None = None) -> NFA:
     """Thompson's construction: every node becomes a fragment with one entry and one exit state,
     and fragments are wired together with epsilon moves."""
-    nfa = NFA()
+    nfa = NFA(budget=CompileBudget() if budget is None else budget)
     nfa.start, nfa.accept = _fragment(nfa, node)
     return nfa
 
@@ -143,7 +149,8 @@ def _split_same_length(a: int, b: int, out: list) -> None:
 def utf8_nfa(nfa: NFA) -> NFA:
     """The same language, read one UTF-8 byte at a time: each code-point range edge becomes chains
     of byte-range edges (sharing the states that its chains share would be a further saving)."""
-    out = NFA(eps=[list(e) for e in nfa.eps], edges=[[] for _ in nfa.edges], start=nfa.start, accept=nfa.accept)
+    out = NFA(eps=[list(e) for e in nfa.eps], edges=[[] for _ in nfa.edges], start=nfa.start, accept=nfa.accept,
+              budget=nfa.budget)
     for s, edges in enumerate(nfa.edges):
         for lo, hi, target in edges:
             for seq in utf8_sequences(lo, hi):
@@ -198,6 +205,36 @@ class DFA:
         hi = int(self.boundaries[k + 1]) - 1 if k + 1 < len(self.boundaries) else MAX_SYMBOL
         return int(self.boundaries[k]), hi
 
+    def longest_match(self) -> int | None:
+        """The most symbols of an accepted text; None when there is no most (the language is infinite).
+
+        In a minimal DFA every state is reachable and can still reach acceptance, so the language
+        is finite exactly when the moves have no cycle; then the answer is the longest path from
+        the start to an accepting state, found in topological order (Kahn's algorithm). For a DFA
+        that is not minimal a cycle among useless states also gives None: never a wrong bound."""
+        num_states = self.num_states
+        sources, classes = np.nonzero(self.table >= 0)
+        pairs = np.unique(sources.astype(np.int64) * num_states + self.table[sources, classes])   # each move once
+        sources, targets = np.divmod(pairs, num_states)
+        first = np.searchsorted(sources, np.arange(num_states + 1))
+        indegree = np.bincount(targets, minlength=num_states)
+        targets = targets.tolist()
+        longest = [-1] * num_states   # the longest path from the start, -1: none
+        longest[0] = 0
+        ready, done = [s for s in range(num_states) if indegree[s] == 0], 0
+        while ready:
+            s = ready.pop()
+            done += 1
+            for t in targets[first[s]:first[s + 1]]:
+                if longest[s] >= 0:
+                    longest[t] = max(longest[t], longest[s] + 1)
+                indegree[t] -= 1
+                if indegree[t] == 0:
+                    ready.append(t)
+        if done < num_states:   # a cycle
+            return None
+        return max((longest[s] for s in np.flatnonzero(self.accepting)), default=0)
+
     def byte_table(self) -> np.ndarray:
         """(S, 256) next state per byte value: the class lookup done once, for a byte DFA."""
         classes = np.searchsorted(self.boundaries, np.arange(256), side="right") - 1   # (256,)
@@ -221,7 +258,9 @@ def determinize(nfa: NFA) -> DFA:
     """Subset construction: a DFA state is the set of NFA states the input could have reached.
 
     The alphabet classes come from the NFA's edge ends: between two consecutive ends every symbol
-    moves every NFA state alike, so the DFA only needs one column per class."""
+    moves every NFA state alike, so the DFA only needs one column per class. Each new state is
+    counted against the NFA's budget (``dfa_states``), and each row looks at the clock."""
+    budget = nfa.budget
     cuts = sorted({0} | {lo for e in nfa.edges for lo, _, _ in e} | {hi + 1 for e in nfa.edges for _, hi, _ in e})
     boundaries = np.array([c for c in cuts if c <= MAX_SYMBOL], dtype=np.int64)
     index = {int(c): k for k, c in enumerate(boundaries)}
@@ -233,6 +272,7 @@ def determinize(nfa: NFA) -> DFA:
     reached: dict[frozenset[int], int] = {}   # the DFA state a set of move targets leads to: one closure per set
     while len(rows) < len(order):
         current = order[len(rows)]
+        budget.check_time()
         targets: dict[int, set[int]] = {}
         for s in current:
             for c_lo, c_hi, t in moves[s]:
@@ -244,8 +284,7 @@ def determinize(nfa: NFA) -> DFA:
             if key not in reached:
                 nxt = _epsilon_closure(nfa, ts)
                 if nxt not in ids:
-                    if len(ids) >= MAX_DFA_STATES:
-                        raise AutomatonTooLarge(f"the DFA would exceed {MAX_DFA_STATES} states")
+                    budget.count("dfa_states", len(ids) + 1)
                     ids[nxt] = len(order)
                     order.append(nxt)
                 reached[key] = ids[nxt]
@@ -255,14 +294,16 @@ def determinize(nfa: NFA) -> DFA:
     return DFA(boundaries, np.array(rows, dtype=np.int32).reshape(len(order), len(boundaries)), accepting)
 
 
-def minimize(dfa: DFA) -> DFA:
+def minimize(dfa: DFA, budget: CompileBudget | None = None) -> DFA:
     """The minimal DFA of the same language (Moore's partition refinement).
 
     First drop the states from which no accepting state can be reached (their moves become DEAD,
     so a DEAD transition always means "this prefix cannot be completed"). Then split blocks of
     states until all states of a block agree on acceptance and on the block each class leads to;
     each final block is one state. Classes whose columns end up identical are merged, and states
-    are numbered in breadth-first order from the start."""
+    are numbered in breadth-first order from the start. Each round of refinement looks at the
+    budget's clock: there may be as many rounds as states."""
+    budget = CompileBudget() if budget is None else budget
     table, accepting = dfa.table, dfa.accepting
     live = _coreachable(table, accepting)
     if not live[0]:   # the language is empty: one state, rejecting everything
@@ -279,6 +320,7 @@ def minimize(dfa: DFA) -> DFA:
     block_of[:num_states] = _number_rows(accepting[:, None])                         # first split: accepting or not
     num_blocks = int(block_of.max()) + 1
     while True:  # refinement only ever splits blocks: an unchanged count means nothing split
+        budget.check_time()
         new_block = _number_rows(block_of[looked_up])                                 # signatures (S, 1 + C)
         if new_block.max() + 1 == num_blocks:
             break
@@ -347,11 +389,19 @@ def _merge_classes(dfa: DFA) -> DFA:
 
 @lru_cache(maxsize=64)
 def compile_dfa(pattern: str) -> DFA:
-    """The minimal DFA over code points: what a person reads and draws."""
-    return minimize(determinize(thompson(parse(pattern))))
+    """The minimal DFA over code points: what a person reads and draws (the default budget)."""
+    budget = CompileBudget()
+    return minimize(determinize(thompson(parse(pattern, budget), budget)), budget)
+
+
+def byte_dfa(pattern: str, budget: CompileBudget | None = None) -> DFA:
+    """The minimal DFA over the UTF-8 bytes of the text: what the token index walks."""
+    budget = CompileBudget() if budget is None else budget
+    return minimize(determinize(utf8_nfa(thompson(parse(pattern, budget), budget))), budget)
 
 
 @lru_cache(maxsize=64)
 def compile_byte_dfa(pattern: str) -> DFA:
-    """The minimal DFA over the UTF-8 bytes of the text: what the token index walks."""
-    return minimize(determinize(utf8_nfa(thompson(parse(pattern)))))
+    """``byte_dfa`` with the default budget, cached: for reading and drawing (each token index
+    holds its own DFA, in the bounded index cache)."""
+    return byte_dfa(pattern)

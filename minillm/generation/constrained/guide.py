@@ -42,6 +42,22 @@ def guided_pattern(regex: str | None = None, json_schema: dict | str | None = No
     return json_object_regex() if json_object else None
 
 
+def min_tokens_problem(index: TokenIndex, min_tokens: int, room: int) -> str | None:
+    """Why a request with this constraint and ``min_tokens`` (EOS not ignored) can never finish
+    cleanly, or None when it may. ``room``: the most tokens the request can produce.
+
+    Every token the index allows but EOS is at least one byte, so a pattern whose longest text is
+    L bytes is complete (only EOS left) after at most L tokens. If min_tokens > L, EOS is still
+    masked there and no token is left: decided now, unless the request runs out of room first
+    (room <= L), which ends it by length before that point."""
+    longest = index.longest_text
+    if longest is None or min_tokens <= longest or room <= longest:
+        return None
+    return (f"min_tokens = {min_tokens} cannot be met: the constraint's longest text is {longest} bytes, and "
+            f"every token is at least one byte, so the text is complete before {min_tokens} tokens while "
+            f"min_tokens forbids ending it")
+
+
 class Guide:
     """A DFA state over one token index, advanced token by token."""
 

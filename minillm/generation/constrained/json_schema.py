@@ -18,20 +18,29 @@ escape ``"``, ``\\`` and control characters, and may hold any other character as
 
 Any other keyword raises ``SchemaError`` naming it and where it sits (``$.properties.when``):
 an unsupported constraint is refused, never silently dropped. Annotations (title, description,
-default, examples ...) are ignored, as validators ignore them.
+default, examples ...) are ignored, as validators ignore them. So is a value the engine cannot
+honour: a length or item count above MAX_REPEAT, a bound that is no finite number, a pattern no
+string matches.
+
+The regex grows as the walk writes it - doubling per level of nested arrays, once per path
+through a ``$ref`` chain - so each piece is counted against the compile budget (``regex_length``,
+budget.py) as it is written, and so is the nesting of schemas: a kilobyte of schema asking for
+megabytes of regex is refused after writing at most about the bound.
 """
 from __future__ import annotations
 
 import json
 import math
 
-from minillm.generation.constrained.regex import RegexError, escape, parse
+from minillm.generation.constrained.budget import CompileBudget
+from minillm.generation.constrained.regex import MAX_REPEAT, RegexError, escape, parse
 
 ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated",
                "readOnly", "writeOnly"}
 SUPPORTED = {"type", "enum", "const", "properties", "required", "additionalProperties", "items", "minItems",
              "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
              "exclusiveMaximum", "anyOf", "$ref", "$defs", "definitions"}
+MAX_BOUND = 1e100  # minimum, maximum ... of an integer: below this in magnitude
 GENERIC_DEPTH = 2  # "any JSON" (a bare {"type": "object"}, json_object mode) nests at most this deep
 
 ITEM_SEP, KEY_SEP = ", ", ": "
@@ -47,14 +56,15 @@ class SchemaError(ValueError):
     """The schema uses something outside the supported subset, or is malformed."""
 
 
-def schema_to_regex(schema: dict | bool | str) -> str:
-    """The regex whose matches are exactly the JSON texts (in the layout above) of `schema`'s instances."""
+def schema_to_regex(schema: dict | bool | str, budget: CompileBudget | None = None) -> str:
+    """The regex whose matches are exactly the JSON texts (in the layout above) of `schema`'s instances,
+    written within `budget` (``ConstraintTooLarge`` past it)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise SchemaError(f"the schema is not valid JSON: {e}") from None
-    return _Compiler(schema).compile(schema, "$", ())
+    return _Compiler(schema, CompileBudget() if budget is None else budget).compile(schema, "$", ())
 
 
 def json_value_regex(depth: int = GENERIC_DEPTH) -> str:
@@ -145,10 +155,20 @@ def _same_length(a: str, b: str) -> list[str]:
 
 
 class _Compiler:
-    def __init__(self, root):
-        self.root = root
+    def __init__(self, root, budget: CompileBudget):
+        self.root, self.budget, self.depth = root, budget, 0
+        self.by_ref: dict[str, str] = {}   # each $ref target written once: a chain of them may reach it 2^n ways
 
     def compile(self, schema, path: str, refs: tuple[str, ...]) -> str:
+        """The regex of the schema at `path`, counted against the budget once written."""
+        self.depth += 1
+        self.budget.count("nesting_depth", self.depth, f"the schema at {path}")
+        regex = self.written(schema, path, refs)
+        self.depth -= 1
+        self.budget.count("regex_length", len(regex), f"the schema at {path}")
+        return regex
+
+    def written(self, schema, path: str, refs: tuple[str, ...]) -> str:
         if schema is True or schema == {}:
             return json_value_regex()
         if schema is False:
@@ -196,7 +216,9 @@ class _Compiler:
         target = self.root.get(section, {}).get(name) if isinstance(self.root, dict) else None
         if target is None:
             raise SchemaError(f"$ref {ref!r} at {path} points at nothing")
-        return self.compile(target, ref, (*refs, ref))
+        if ref not in self.by_ref:
+            self.by_ref[ref] = self.compile(target, ref, (*refs, ref))
+        return self.by_ref[ref]
 
     def enumeration(self, rules: dict, path: str) -> str:
         extra = sorted(set(rules) - {"enum", "const", "type"})
@@ -240,7 +262,7 @@ class _Compiler:
                 raise SchemaError(f"pattern at {path} beside minLength/maxLength is not supported")
             inner = pattern[1:-1]
             try:
-                parse(inner)
+                parse(inner, self.budget)
             except RegexError as e:
                 raise SchemaError(f"pattern at {path}: {e}") from None
             return f'"(?:{inner})"'
@@ -298,37 +320,44 @@ class _Compiler:
             raise SchemaError(f"required at {path} must list names from its properties")
         fields = [(f"{_literal(name)}{KEY_SEP}(?:{self.compile(s, f'{path}.properties.{name}', refs)})",
                    name in required) for name, s in props.items()]
-        return r"\{" + _members(fields) + r"\}"
+        return r"\{" + self.members(fields, path) + r"\}"
 
+    def members(self, fields: list[tuple[str, bool]], path: str) -> str:
+        """Properties in order, optional ones skippable, with ", " exactly between the present ones.
 
-def _members(fields: list[tuple[str, bool]]) -> str:
-    """Properties in order, optional ones skippable, with ", " exactly between the present ones.
-
-    after[i]: the rest from field i when something is already written (each field needs ", ");
-    first[i]: the rest from field i when nothing is written yet. Both grow linearly: an optional
-    field is "(, f)?" in `after`, and "f after[i+1] | first[i+1]" in `first`."""
-    after, first = "", ""
-    for text, required in reversed(fields):
-        if required:
-            first = f"{text}{after}"
-            after = f"{ITEM_SEP}{text}{after}"
-        else:
-            first = f"(?:{text}{after}|{first})" if first else f"(?:{text}{after})?"
-            after = f"(?:{ITEM_SEP}{text})?{after}"
-    return first
+        after[i]: the rest from field i when something is already written (each field needs ", ");
+        first[i]: the rest from field i when nothing is written yet. `after` grows linearly: an
+        optional field is "(, f)?" in it. `first` holds "f after[i+1] | first[i+1]", so it grows
+        with the square of the optional fields: counted as it grows."""
+        after, first = "", ""
+        for text, required in reversed(fields):
+            if required:
+                first = f"{text}{after}"
+                after = f"{ITEM_SEP}{text}{after}"
+            else:
+                first = f"(?:{text}{after}|{first})" if first else f"(?:{text}{after})?"
+                after = f"(?:{ITEM_SEP}{text})?{after}"
+            self.budget.count("regex_length", len(first), f"the properties at {path}")
+        return first
 
 
 def _count(rules: dict, key: str, path: str, default: int | None = 0) -> int | None:
+    """A length or item count: an integer in [0, MAX_REPEAT] (the regex repeats its element that
+    many times; past it, the automaton grows beyond what a request may ask for)."""
     value = rules.get(key, default)
     if value is not default and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         raise SchemaError(f"{key} at {path} must be an integer >= 0, got {value!r}")
+    if value is not None and value > MAX_REPEAT:
+        raise SchemaError(f"{key} at {path} is {value}: at most {MAX_REPEAT} is supported")
     return value
 
 
 def _number(rules: dict, key: str, path: str) -> float:
     value = rules[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SchemaError(f"{key} at {path} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SchemaError(f"{key} at {path} must be a finite number, got {value!r}")
+    if abs(value) >= MAX_BOUND:  # the digit-by-digit range regex grows with the square of the digits
+        raise SchemaError(f"{key} at {path} is {value!r}: bounds below {MAX_BOUND:g} in magnitude are supported")
     return value
 
 

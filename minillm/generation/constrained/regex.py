@@ -17,11 +17,18 @@ Classes are ASCII, as Python's ``re.ASCII`` flag makes them: ``\\d`` is ``[0-9]`
 ``[A-Za-z0-9_]``, ``\\s`` is ``[ \\t\\n\\r\\f\\v]``. ``.`` is any character but ``\\n``.
 Anything else (lazy quantifiers, backreferences, lookaround, anchors inside, flags) raises
 ``RegexError`` naming the construct and its position: a constraint we cannot honour must never
-silently become a weaker one.
+silently become a weaker one. So does a pattern no text matches (``[\ud800]``: surrogates are
+no text): its output could never be finished.
+
+Parsing counts against the compile budget (budget.py): the nesting of groups as it descends, and
+then the length the pattern stands for with its counted repeats unrolled (``(?:a{1000}){1000}``
+is 19 characters standing for a million), which is what an NFA would be built from.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from minillm.generation.constrained.budget import CompileBudget
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)   # not characters of any encodable text: never part of a set
@@ -99,7 +106,7 @@ ANY_BUT_NEWLINE = negate(((10, 10),))
 
 def literal(text: str):
     """The node matching exactly `text`."""
-    return Concat(tuple(Chars(((ord(c), ord(c)),)) for c in text))
+    return Concat(tuple(Chars(normalize(((ord(c), ord(c)),))) for c in text))
 
 
 def escape(text: str) -> str:
@@ -111,16 +118,44 @@ def escape(text: str) -> str:
 # The parser: recursive descent, one method per precedence level
 
 
-def parse(pattern: str):
-    """The syntax tree of `pattern` (see the module docstring for the subset)."""
+def parse(pattern: str, budget: CompileBudget | None = None):
+    """The syntax tree of `pattern` (see the module docstring for the subset), within `budget`."""
     if not isinstance(pattern, str):
         raise RegexError(f"a pattern must be a string, got {type(pattern).__name__}")
-    return _Parser(pattern).parse()
+    budget = CompileBudget() if budget is None else budget
+    budget.count("regex_length", len(pattern))
+    tree = _Parser(pattern, budget).parse()
+    budget.count("expanded_length", expanded_length(tree))
+    if matches_nothing(tree):
+        raise RegexError(f"the pattern {pattern!r} matches no text (a class of surrogates alone is empty: "
+                         f"they are no text)")
+    return tree
+
+
+def expanded_length(node) -> int:
+    """The characters `node` stands for with every counted repeat unrolled: what Thompson's
+    construction builds a fragment for (an unbounded repeat is one copy more than its minimum)."""
+    if isinstance(node, Chars):
+        return 1
+    if isinstance(node, (Concat, Alternate)):
+        return sum(map(expanded_length, node.parts if isinstance(node, Concat) else node.options))
+    return expanded_length(node.node) * (node.lo + 1 if node.hi is None else node.hi)
+
+
+def matches_nothing(node) -> bool:
+    """No text matches `node` (an empty class, and whatever cannot avoid one)."""
+    if isinstance(node, Chars):
+        return not node.ranges
+    if isinstance(node, Concat):
+        return any(map(matches_nothing, node.parts))
+    if isinstance(node, Alternate):
+        return all(map(matches_nothing, node.options))
+    return node.lo > 0 and matches_nothing(node.node)
 
 
 class _Parser:
-    def __init__(self, pattern: str):
-        self.text, self.pos = pattern, 0
+    def __init__(self, pattern: str, budget: CompileBudget):
+        self.text, self.pos, self.budget, self.depth = pattern, 0, budget, 0
 
     def fail(self, what: str):
         raise RegexError(f"{what} at position {self.pos} of pattern {self.text!r}")
@@ -207,7 +242,10 @@ class _Parser:
                     self.pos += 2
                 else:
                     self.fail("only the non-capturing group '(?:' of the '(?' extensions is supported")
+            self.depth += 1
+            self.budget.count("nesting_depth", self.depth)   # before the recursion runs out of stack
             node = self.alternation()
+            self.depth -= 1
             if self.peek() != ")":
                 self.fail("missing ')'")
             self.pos += 1
@@ -217,14 +255,14 @@ class _Parser:
         if c == ".":
             return Chars(ANY_BUT_NEWLINE)
         if c == "\\":
-            return Chars(self.escape_in(in_class=False))
+            return Chars(normalize(self.escape_in(in_class=False)))
         if c in "*+?":
             self.pos -= 1
             self.fail(f"nothing to repeat before {c!r}")
         if c == "^":
             self.pos -= 1
             self.fail("'^' is only supported at the start of the pattern")
-        return Chars(((ord(c), ord(c)),))
+        return Chars(normalize(((ord(c), ord(c)),)))   # a lone surrogate: the empty set
 
     def char_class(self) -> Ranges:
         negated = self.peek() == "^"
@@ -277,4 +315,4 @@ class _Parser:
             self.fail(f"the escape \\{c} is not supported (backreferences, anchors and \\p{{...}} are not)")
         else:
             code = ord(c)   # an escaped metacharacter or punctuation stands for itself
-        return normalize(((code, code),))
+        return ((code, code),)   # not normalized yet: a surrogate may still bound a range

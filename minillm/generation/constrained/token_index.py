@@ -22,18 +22,32 @@ added tokens (``<|im_start|>`` ...) never match text; EOS is allowed exactly in 
 Byte-level BPE needs no special care here: a token that ends inside a multi-byte character simply
 lands in a DFA state between that character's bytes, and the next token must finish it.
 
-Indexes are cached per (pattern, tokenizer): a schema is compiled once, however many requests use it.
+An index can be large: a state inside a free string allows most of the vocabulary (49k tokens x
+8 bytes), and ``[ -~]{0,1000}`` has a thousand such states. So the walk fills buffers sized at the
+compile budget's ``token_index_bytes`` and stops the moment the next state would not fit
+(``ConstraintTooLarge``), a few states at a time with a look at the budget's clock in between.
+The buffers are allocated at that size but only the pages the walk writes are ever touched: they
+cost address space, not memory.
+
+Indexes are cached per (pattern, tokenizer), so that a schema is compiled once however many
+requests use it, in a cache bounded in bytes (``INDEX_CACHE_BYTES``, least recently used out).
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from numba import njit
 
-from minillm.generation.constrained.automata import DEAD, DFA, compile_byte_dfa
+from minillm.generation.constrained.automata import DEAD, DFA, byte_dfa
+from minillm.generation.constrained.budget import CompileBudget, ConstraintTooLarge
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
+
+INDEX_CACHE_BYTES = 512 << 20   # the index cache's bound: four indexes at the default per-index bound
+STATES_PER_WALK = 64            # states walked between two looks at the budget's clock (~10 ms)
 
 
 @dataclass
@@ -74,24 +88,50 @@ def vocabulary_trie(tokenizer: Tokenizer) -> VocabularyTrie:
 
 
 class TokenIndex:
-    """Allowed tokens and next states for each state of a byte DFA, over one tokenizer's vocabulary."""
+    """Allowed tokens and next states for each state of a byte DFA, over one tokenizer's vocabulary,
+    built within `budget` (its ``token_index_bytes`` and clock)."""
 
-    def __init__(self, dfa: DFA, tokenizer: Tokenizer):
+    def __init__(self, dfa: DFA, tokenizer: Tokenizer, budget: CompileBudget | None = None):
         self.dfa, self.tokenizer = dfa, tokenizer
         self.eos_id = tokenizer.eos_id
-        self.byte_table = dfa.byte_table()                                    # (S, 256)
-        self.offsets, self.token_ids, self.next_states = self._build()
+        self.byte_table = np.ascontiguousarray(dfa.byte_table(), dtype=np.int32)   # (S, 256)
+        self.offsets, self.token_ids, self.next_states = self._build(CompileBudget() if budget is None else budget)
+        self.longest_text = dfa.longest_match()   # bytes of the longest text the pattern accepts; None: unbounded
 
-    def _build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The vocabulary's trie (built once per tokenizer), walked from every state by `walk_trie`."""
-        trie = vocabulary_trie(self.tokenizer)
-        return walk_trie(np.ascontiguousarray(self.byte_table, dtype=np.int32), self.dfa.accepting,
-                         -1 if self.eos_id is None else self.eos_id, self.tokenizer.vocab_size,
-                         trie.parent, trie.byte, trie.subtree_end, trie.token_starts, trie.token_ids)
+    def _build(self, budget: CompileBudget) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The vocabulary's trie (built once per tokenizer), walked from every state by `walk_trie`
+        into buffers of the budget's size, STATES_PER_WALK states per call."""
+        trie, num_states = vocabulary_trie(self.tokenizer), self.num_states
+        limit = budget.limits["token_index_bytes"]
+        fixed = self.byte_table.nbytes + self.dfa.table.nbytes + 8 * (num_states + 1)   # the tables and offsets
+        room = max(int(limit - fixed), 0) // 8                                     # entries: int32 id + int32 state
+        offsets = np.zeros(num_states + 1, dtype=np.int64)
+        ids, nexts = np.empty(room, dtype=np.int32), np.empty(room, dtype=np.int32)
+        walk = np.empty(len(trie.parent), dtype=np.int32)
+        lands = np.full(self.tokenizer.vocab_size, DEAD, dtype=np.int32)
+        eos = -1 if self.eos_id is None else self.eos_id
+        state = 0
+        while state < num_states:
+            budget.check_time()
+            last = min(state + STATES_PER_WALK, num_states)
+            stopped = walk_trie(self.byte_table, self.dfa.accepting, eos, state, last, offsets, ids, nexts, walk,
+                                lands, trie.parent, trie.byte, trie.subtree_end, trie.token_starts, trie.token_ids)
+            if stopped < last:   # the state `stopped` did not fit
+                raise ConstraintTooLarge("token_index_bytes", limit, where=f"the constraint's token index "
+                                         f"({num_states} DFA states; {stopped} fit)")
+            state = last
+        n = int(offsets[-1])
+        return offsets, ids[:n], nexts[:n]
 
     @property
     def num_states(self) -> int:
         return self.dfa.num_states
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the index holds (its DFA included): what the cache counts."""
+        return sum(a.nbytes for a in (self.offsets, self.token_ids, self.next_states, self.byte_table,
+                                      self.dfa.table, self.dfa.accepting, self.dfa.boundaries))
 
     def allowed(self, state: int) -> np.ndarray:
         """(K,) sorted ids of the tokens allowed in `state`."""
@@ -120,17 +160,17 @@ class TokenIndex:
         return bool(self.dfa.accepting[state]) and not (self.byte_table[state] >= 0).any()
 
 
-@njit(cache=True)
-def walk_trie(table, accepting, eos_id, vocab_size, parent, byte, subtree_end, token_starts, token_ids):
-    """Walk the trie from every state of `table` (S, 256), skipping the subtrees that die; return the
-    CSR index: offsets (S+1,), then per state its sorted allowed ids and their next states."""
-    num_states, num_nodes = table.shape[0], len(parent)
-    offsets = np.zeros(num_states + 1, dtype=np.int64)
-    ids = np.empty(1 << 16, dtype=np.int64)        # grown by doubling: the total is known only at the end
-    nexts = np.empty(1 << 16, dtype=np.int32)
-    walk = np.empty(num_nodes, dtype=np.int32)     # walk[node]: the state after the node's bytes
-    lands = np.full(vocab_size, DEAD, dtype=np.int32)   # lands[t]: the state after token t; DEAD if masked
-    for s in range(num_states):
+@njit(cache=True, nogil=True)
+def walk_trie(table, accepting, eos_id, first, last, offsets, ids, nexts, walk, lands, parent, byte, subtree_end,
+              token_starts, token_ids):
+    """Walk the trie from the states first..last-1 of `table` (S, 256), skipping the subtrees that die,
+    into the CSR index: offsets (S+1,), then per state its sorted allowed ids and their next states
+    (ids, nexts: buffers of a fixed size). Returns the state after the last one that fit: `last`, or
+    the state whose entries would overflow the buffers. Scratch: walk (N,) the state after each trie
+    node's bytes; lands (V,) the state after each token, DEAD (masked) between states. Without the
+    GIL: the engine thread runs while an index is built."""
+    num_nodes, vocab_size = len(parent), len(lands)
+    for s in range(first, last):
         walk[0] = s
         n = 0
         node = 1
@@ -148,9 +188,10 @@ def walk_trie(table, accepting, eos_id, vocab_size, parent, byte, subtree_end, t
             lands[eos_id] = s
             n += 1
         start = offsets[s]
-        if start + n > len(ids):
-            grown = max(2 * len(ids), start + n)
-            ids, nexts = _grow(ids, grown), _grow(nexts, grown)
+        if start + n > len(ids):                   # no room: clean `lands`, report where it stopped
+            for t in range(vocab_size):
+                lands[t] = DEAD
+            return s
         # The walk found the tokens in trie order; read them off in id order. A pass over the
         # vocabulary is a few microseconds, less than sorting the allowed ids of a busy state.
         k = start
@@ -160,20 +201,47 @@ def walk_trie(table, accepting, eos_id, vocab_size, parent, byte, subtree_end, t
                 lands[t] = DEAD                    # clean for the next state
                 k += 1
         offsets[s + 1] = k
-    return offsets, ids[:offsets[-1]].copy(), nexts[:offsets[-1]].copy()
+    return last
 
 
-@njit(cache=True)
-def _grow(array, size):
-    out = np.empty(size, dtype=array.dtype)
-    out[:len(array)] = array
-    return out
+class TokenIndexCache:
+    """``token_index(pattern, tokenizer, budget=None)``: the index of `pattern` over `tokenizer`'s
+    vocabulary, compiled within `budget` (pattern -> byte DFA -> index) the first time and kept
+    while the cache's indexes hold at most `max_bytes`, least recently used out.
+
+    Callable from any thread (the server compiles in a worker, ``LLM`` on its own): the dictionary
+    is locked, a build is not, so two threads asking for a new pattern at once may both build it.
+    A refused constraint is not remembered: asking again costs its budget again."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.nbytes = max_bytes, 0
+        self.entries: OrderedDict[tuple[str, Tokenizer], TokenIndex] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def __call__(self, pattern: str, tokenizer: Tokenizer, budget: CompileBudget | None = None) -> TokenIndex:
+        key = (pattern, tokenizer)
+        with self.lock:
+            if (index := self.entries.get(key)) is not None:
+                self.entries.move_to_end(key)
+                return index
+        budget = CompileBudget() if budget is None else budget
+        index = TokenIndex(byte_dfa(pattern, budget), tokenizer, budget)
+        with self.lock:
+            if key not in self.entries:
+                self.entries[key] = index
+                self.nbytes += index.nbytes
+                while self.nbytes > self.max_bytes and len(self.entries) > 1:   # the newest always stays
+                    _, evicted = self.entries.popitem(last=False)
+                    self.nbytes -= evicted.nbytes
+        return index
+
+    def cache_clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.nbytes = 0
 
 
-@lru_cache(maxsize=32)
-def token_index(pattern: str, tokenizer: Tokenizer) -> TokenIndex:
-    """The index of `pattern` over `tokenizer`'s vocabulary, built once per pair."""
-    return TokenIndex(compile_byte_dfa(pattern), tokenizer)
+token_index = TokenIndexCache(INDEX_CACHE_BYTES)
 
 
 def allowed_tokens(dfa: DFA, state: int, token_bytes: list[bytes], eos_id: int | None = None) -> np.ndarray:

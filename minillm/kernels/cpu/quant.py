@@ -318,10 +318,11 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T, choosing the kernel by T:
 
     - T <= MATVEC_ROWS_MAX_T (REPACKED_MATVEC_ROWS_MAX_T for a RepackedMatrix; decode of a few
-      streams, a speculative verify): the matvec kernels. In exact mode on a RepackedMatrix one call
-      of `quant_fp32.matvec_rows` reads and unpacks each weight once for all T rows; otherwise
-      `qmatvec` runs once per row, reading the packed bytes T times, at memory speed. Either way a
-      row's result does not depend on the other rows (bit for bit).
+      streams, a speculative verify): the matvec kernels. On a RepackedMatrix one call of
+      `quant_fp32.matvec_rows` (exact) or `quant_int8.matvec_rows` (int8) reads and unpacks each
+      weight once for all T rows; otherwise `qmatvec` runs once per row, reading the packed bytes
+      T times, at memory speed. Either way a row's result does not depend on the other rows (bit
+      for bit).
     - larger T (decode batches, prefill): `qmatmul`, each weight decoded once for all T rows and
       multiplied with register tiles, fp32 in both activation modes (it reads the GGUF bytes a
       RepackedMatrix keeps). Not BLAS: its thread pool and Numba's would fight over the cores
@@ -332,8 +333,8 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     if x.shape[0] == 0:
         return np.empty((0, qm.shape[0]), dtype=np.float32)
     if x.shape[0] <= (REPACKED_MATVEC_ROWS_MAX_T if isinstance(qm, RepackedMatrix) else MATVEC_ROWS_MAX_T):
-        if isinstance(qm, RepackedMatrix) and qm.activations == "fp32":
-            return quant_fp32.matvec_rows(x, qm)  # (T, rows) each weight unpacked once for all T rows
+        if isinstance(qm, RepackedMatrix):  # (T, rows) each weight unpacked once for all T rows
+            return (quant_int8 if qm.activations == "int8" else quant_fp32).matvec_rows(x, qm)
         if x.shape[0] == 1:
             return _matvec_checked(x[0], qm)[None, :]  # (1, rows) decode of one stream
         return np.stack([_matvec_checked(row, qm) for row in x])  # (T, rows)
@@ -349,9 +350,7 @@ def inner_loop_asm(activations: str = "fp32", qtype: str = "Q4_1") -> list[str]:
     w = repack(quantize(np.zeros((8, 64), dtype=np.float32), qtype), activations)
     kernel = quant_int8.kernel_for(w, quant_int8.TARGET_ISA) if activations == "int8" else quant_fp32.kernel_for(w)
     fresh = numba.njit(parallel=True)(kernel.py_func)  # Numba keeps no assembly for code it loaded from its cache
-    x, out = np.zeros(64, dtype=np.float32), np.empty(8, dtype=np.float32)  # (cols,), (rows,)
-    if activations == "fp32":  # the exact kernel takes T rows: (1, cols) -> (1, rows)
-        x, out = x[None, :], out[None, :]
+    x, out = np.zeros((1, 64), dtype=np.float32), np.empty((1, 8), dtype=np.float32)  # (1, cols), (1, rows)
     fresh(w.quants, w.scales, w.mins, x, out)
     marker = "vfmadd|fmla" if activations == "fp32" else "vpdpbusd|vpmaddubsw|vpmaddwd|vpmulld|mul"
     return hot_loop_asm(next(iter(fresh.inspect_asm().values())), marker)

@@ -1,6 +1,6 @@
 """Integer mode (opt-in): activations quantized to int8 blocks, dot products in integers.
 
-As llama.cpp does on CPUs: the activation row is quantized once per linear, per block of 32, to
+As llama.cpp does on CPUs: each activation row is quantized once per linear, per block of 32, to
 int8 codes with a scale (ggml's Q8_1: d_x = max|x| / 127, q_x = round(x / d_x), and the block sum
 s_x = d_x * sum q_x). A weight block then costs one integer dot product:
 
@@ -14,6 +14,11 @@ signed: the kernel multiplies |w| by x with w's sign (the "sign trick"). Targets
 instructions (Arm, SSE) get the same arithmetic as generic vector IR - widen, multiply, add.
 The only rounding is the activations' (and fp32 sums, as in exact mode): the quality cost is
 measured against exact mode, not assumed (model/quality.py; chapter 04 prints it).
+
+With T rows of x (a few decoding streams, a speculative verify of k + 1 tokens) each weight block
+is loaded and unpacked once and feeds T integer dot products, as quant_fp32.matvec_rows does in
+exact mode. The per-row arithmetic does not depend on T (same operations, same order), so row t
+of a T-row call is bit for bit what a one-row call gives for x[t]: one kernel serves both.
 
 Measured (same setup as cpu/quant_fp32.py: one thread, best of 25, Q4_1 1536 x 576 in cache):
 AVX-512 VNNI 32 us (17 GB/s of packed bytes; 43 us before both rows of a pair shared one load,
@@ -45,55 +50,59 @@ def target_isa() -> int:
     return AVX2 if target.isa == "avx2" else GENERIC
 
 
+def rows_per_vector(isa: int) -> int:
+    """Weight rows that share one vector of 16 int32 lanes: two on AVX-512, one (8 lanes) elsewhere."""
+    return 2 if isa in (AVX512, AVX512_VNNI) else 1
+
+
+def rows_per_pass(R: int, T: int, isa: int) -> int:
+    """Rows of a group handled per pass over the blocks when x has T rows. Each (row vector, row of
+    x) pair keeps one running sum in a register: 16 of the 32 zmm registers on AVX-512, 8 of the 16
+    ymm on AVX2, beside the T activation blocks and the unpacked codes. At T = 1 a pass is the
+    whole group. A pass re-reads only the activations (from L1): every weight is still read once."""
+    per_vector = rows_per_vector(isa)
+    budget = 8 if per_vector == 2 else 4
+    rows = R
+    while rows // 2 >= per_vector and (rows // 2) % per_vector == 0 and (rows // per_vector) * T > budget:
+        rows //= 2
+    return rows
+
+
 # -----------------------------------------------------------------------------------------------
 # Quantizing the activations (the NumPy model in the tests does the same float32 operations)
 
 @njit(cache=True)
 def quantize_activations(x):
-    """x (cols,) float32 -> codes int8 (cols,), scales float32 (blocks,), sums float32 (blocks,).
+    """x (T, cols) float32 -> codes int8 (T, cols), scales float32 (T, blocks), sums float32 (T, blocks).
 
     Rounding as C's roundf (halves away from zero), as ggml's quantize_row_q8_1. The scale stays
     fp32 (ggml rounds it to fp16): nothing here is stored, so there is no reason to lose bits.
     """
-    n_blocks = x.shape[0] // 32
-    codes = np.empty(x.shape[0], dtype=np.int8)      # (cols,)
-    scales = np.empty(n_blocks, dtype=np.float32)    # (blocks,)
-    sums = np.empty(n_blocks, dtype=np.float32)      # (blocks,)
-    for b in range(n_blocks):
-        largest = np.float32(0.0)
-        for j in range(b * 32, b * 32 + 32):
-            largest = max(largest, abs(x[j]))
-        d = largest / np.float32(127.0)
-        inverse = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        total = 0
-        for j in range(b * 32, b * 32 + 32):
-            v = x[j] * inverse
-            q = np.int32(np.floor(abs(v) + np.float32(0.5)))
-            q = -q if v < 0 else q
-            codes[j] = q
-            total += q
-        scales[b] = d
-        sums[b] = d * np.float32(total)
+    T, n_blocks = x.shape[0], x.shape[1] // 32
+    codes = np.empty(x.shape, dtype=np.int8)              # (T, cols)
+    scales = np.empty((T, n_blocks), dtype=np.float32)    # (T, blocks)
+    sums = np.empty((T, n_blocks), dtype=np.float32)      # (T, blocks)
+    for t in range(T):
+        for b in range(n_blocks):
+            largest = np.float32(0.0)
+            for j in range(b * 32, b * 32 + 32):
+                largest = max(largest, abs(x[t, j]))
+            d = largest / np.float32(127.0)
+            inverse = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            total = 0
+            for j in range(b * 32, b * 32 + 32):
+                v = x[t, j] * inverse
+                q = np.int32(np.floor(abs(v) + np.float32(0.5)))
+                q = -q if v < 0 else q
+                codes[t, j] = q
+                total += q
+            scales[t, b] = d
+            sums[t, b] = d * np.float32(total)
     return codes, scales, sums
 
 
 # -----------------------------------------------------------------------------------------------
 # One row group's integer dot products
-
-def _unsigned_codes(builder, quants, at, qtype_code, x_codes):
-    """One row's block -> (32 unsigned weight codes, the 32 activation codes to multiply them by)."""
-    v32 = L.vector(L.I8, 32)
-    if qtype_code == Q8_0_CODE:  # the sign trick: |w| * (x with w's sign) = w * x
-        w = L.load(builder, quants, at, v32)
-        zero = L.constant_vector(L.I8, [0] * 32)
-        negative = builder.icmp_signed("<", w, zero)
-        return (builder.select(negative, builder.sub(zero, w), w),
-                builder.select(negative, builder.sub(zero, x_codes), x_codes))
-    nibbles = L.load(builder, quants, at, L.vector(L.I8, 16))
-    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * 16))
-    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * 16))
-    return L.pick(builder, low, high, range(32)), x_codes  # weights 0..15 then 16..31, as x
-
 
 def _dot_8_lanes(builder, isa, u, s):
     """32 unsigned x 32 signed bytes -> <8 x i32>, lane k = the sum of products 4k..4k+3."""
@@ -117,93 +126,142 @@ def _dot_16_lanes(builder, isa, u, s):
     return L.call(builder, "llvm.x86.avx512.pmaddw.d.512", L.vector(L.I32, 16), pairs, ones)
 
 
+def _unpack(builder, quants, at, code, per_vector):
+    """The codes of ``per_vector`` consecutive rows' block at byte ``at`` -> (unsigned codes
+    <32 * per_vector x i8>, the signed codes for the sign trick, or None for Q4).
+
+    Q4: byte j holds weight j (low nibble) and j + 16 (high), so one mask and one shift give a
+    row's weights 0..15 and 16..31; the rows of a pair share the load, the mask and the shift.
+    """
+    if code == Q8_0_CODE:  # the sign trick: |w| * (x with w's sign) = w * x
+        w = L.load(builder, quants, at, L.vector(L.I8, 32 * per_vector))
+        negative = builder.icmp_signed("<", w, L.constant_vector(L.I8, [0] * (32 * per_vector)))
+        return builder.select(negative, builder.neg(w), w), w
+    nibbles = L.load(builder, quants, at, L.vector(L.I8, 16 * per_vector))
+    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * (16 * per_vector)))
+    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * (16 * per_vector)))
+    if per_vector == 1:
+        return L.pick(builder, low, high, range(32)), None
+    return L.pick(builder, low, high, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)]), None
+
+
 @intrinsic
-def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group, n_blocks, out,
-               qtype_code, rows_per_group, isa):
-    """out[group * R + r] = row r of the group . the quantized activations, for one group's R rows."""
-    literal = (qtype_code, rows_per_group, isa)
+def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group, out,
+               qtype_code, rows_per_group, tokens, isa):
+    """out[t, group * R + r] = row r of the group . the quantized activations of row t, for one
+    group's R rows and the T rows of x (2-D C-contiguous: x_codes (T, cols), x_scales and x_sums
+    (T, blocks), out (T, padded rows))."""
+    literal = (qtype_code, rows_per_group, tokens, isa)
     if not all(isinstance(t, types.IntegerLiteral) for t in literal):
         return None
-    code, R, isa_code = (t.literal_value for t in literal)
+    code, R, T, isa_code = (t.literal_value for t in literal)
     code_bytes = 32 if code == Q8_0_CODE else 16
-    rows_per_vector = 2 if isa_code in (AVX512, AVX512_VNNI) else 1  # rows per 16 int32 lanes
-    lanes = 8 * rows_per_vector
+    per_vector = rows_per_vector(isa_code)
+    lanes = 8 * per_vector
+    per_pass = rows_per_pass(R, T, isa_code)
 
     def codegen(context, builder, sig, args):
         q_ptr, d_ptr, m_ptr, xq_ptr, xd_ptr, xs_ptr = (L.array_data(context, builder, sig.args[i], args[i])
                                                        for i in range(6))
-        out_ptr = L.array_data(context, builder, sig.args[8], args[8])
-        g, nb = args[6], args[7]
+        out_ptr = L.array_data(context, builder, sig.args[7], args[7])
+        g = args[6]
+        n_blocks = L.array_shape(context, builder, sig.args[4], args[4], 1)
+        cols = builder.mul(n_blocks, L.index(32))
+        padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
         vRf, vf = L.vector(L.F32, R), L.vector(L.F32, lanes)
-        accumulators = [L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
-                        for _ in range(R // rows_per_vector)]
-        min_terms = L.accumulator(builder, L.constant_vector(L.F32, [0.0] * R))
-        with cgutils.for_range(builder, nb) as loop:
-            b = loop.index
-            x = L.load(builder, xq_ptr, builder.mul(b, L.index(32)), L.vector(L.I8, 32))     # (32,) int8
-            first = builder.mul(builder.add(builder.mul(g, nb), b), L.index(R))
-            dd = builder.fmul(L.load(builder, d_ptr, first, vRf),
-                              L.splat(builder, builder.load(builder.gep(xd_ptr, [b])), R))   # (R,) d_r d_x
-            if code != Q8_0_CODE:
-                add_min_terms(builder, m_ptr, xs_ptr, first, b, R, min_terms)
-            for v, acc in enumerate(accumulators):
-                rows = range(v * rows_per_vector, (v + 1) * rows_per_vector)
-                at = builder.mul(builder.add(first, L.index(rows[0])), L.index(code_bytes))
-                if rows_per_vector == 1:
-                    dots = _dot_8_lanes(builder, isa_code, *_unsigned_codes(builder, q_ptr, at, code, x))
-                elif code == Q8_0_CODE:
-                    (u0, s0), (u1, s1) = (_unsigned_codes(builder, q_ptr, builder.add(at, L.index(32 * k)), code, x)
-                                          for k in range(2))
-                    dots = _dot_16_lanes(builder, isa_code, L.pick(builder, u0, u1, range(64)),
-                                         L.pick(builder, s0, s1, range(64)))
-                else:  # both rows' nibbles in one 32-byte load, one mask, one shift
-                    nibbles = L.load(builder, q_ptr, at, L.vector(L.I8, 32))
-                    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * 32))
-                    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * 32))
-                    u = L.pick(builder, low, high, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
-                    dots = _dot_16_lanes(builder, isa_code, u, L.pick(builder, x, x, [*range(32), *range(32)]))
-                scale = L.pick(builder, dd, dd, [r for r in rows for _ in range(8)])          # (lanes,)
-                builder.store(L.fma(builder, builder.sitofp(dots, vf), scale, builder.load(acc)), acc)
-        min_terms = builder.load(min_terms)
-        for r in range(R):
-            acc = builder.load(accumulators[r // rows_per_vector])
-            k = r % rows_per_vector
-            row = L.pick(builder, acc, acc, range(8 * k, 8 * k + 8))  # (8,) this row's lanes
-            store_row(builder, out_ptr, g, R, r, row, L.lane(builder, min_terms, r))
+        min_terms = [L.accumulator(builder, L.constant_vector(L.F32, [0.0] * R)) for _ in range(T)]
+        for first_row in range(0, R, per_pass):  # each pass: its rows' accumulators, all of the blocks
+            vectors = [range(v, v + per_vector) for v in range(first_row, first_row + per_pass, per_vector)]
+            acc = {(v, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
+                   for v in range(len(vectors)) for t in range(T)}
+            with cgutils.for_range(builder, n_blocks) as loop:
+                b = loop.index
+                x, x_negated, d_x = [], [], []  # per row of x: its codes (once per pair of rows on AVX-512)
+                for t in range(T):
+                    codes = L.load(builder, xq_ptr, builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))),
+                                   L.vector(L.I8, 32))                                   # (32,) int8
+                    if per_vector == 2:
+                        codes = L.pick(builder, codes, codes, [*range(32), *range(32)])  # (64,) both rows'
+                    x.append(codes)
+                    if code == Q8_0_CODE and isa_code != AVX2:
+                        x_negated.append(builder.sub(L.constant_vector(L.I8, [0] * (32 * per_vector)), codes))
+                    at_t = builder.add(builder.mul(L.index(t), n_blocks), b)
+                    d_x.append(L.splat(builder, builder.load(builder.gep(xd_ptr, [at_t])), lanes))
+                first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
+                d = L.load(builder, d_ptr, first, vRf)                                           # (R,) d_r
+                if code != Q8_0_CODE and first_row == 0:
+                    for t in range(T):
+                        sums_t = builder.gep(xs_ptr, [builder.mul(L.index(t), n_blocks)])
+                        add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
+                for v, rows in enumerate(vectors):
+                    at = builder.mul(builder.add(first, L.index(rows[0])), L.index(code_bytes))
+                    u, w = _unpack(builder, q_ptr, at, code, per_vector)  # once for all T rows of x
+                    d_rows = L.pick(builder, d, d, [r for r in rows for _ in range(8)])        # (lanes,)
+                    if w is not None and isa_code != AVX2:
+                        negative = builder.icmp_signed("<", w, L.constant_vector(L.I8, [0] * (32 * per_vector)))
+                    for t in range(T):
+                        if w is None:
+                            s = x[t]
+                        elif isa_code == AVX2:  # vpsignb: x where w > 0, -x where w < 0 (0 where w = 0, as |w| is)
+                            s = L.call(builder, "llvm.x86.avx2.psign.b", L.vector(L.I8, 32), x[t], w)
+                        else:
+                            s = builder.select(negative, x_negated[t], x[t])
+                        if per_vector == 1:
+                            dots = _dot_8_lanes(builder, isa_code, u, s)
+                        else:
+                            dots = _dot_16_lanes(builder, isa_code, u, s)
+                        scale = builder.fmul(d_rows, d_x[t])                                   # (lanes,) d_r d_x
+                        builder.store(L.fma(builder, builder.sitofp(dots, vf), scale, builder.load(acc[v, t])),
+                                      acc[v, t])
+            for t in range(T):
+                out_t = builder.gep(out_ptr, [builder.mul(L.index(t), padded_rows)])
+                terms = builder.load(min_terms[t])
+                for v, rows in enumerate(vectors):
+                    total = builder.load(acc[v, t])
+                    for k, r in enumerate(rows):
+                        row = L.pick(builder, total, total, range(8 * k, 8 * k + 8))  # (8,) this row's lanes
+                        store_row(builder, out_t, g, R, r, row, L.lane(builder, terms, r))
         return context.get_dummy_value()
 
-    signature = types.void(quants, scales, mins, x_codes, x_scales, x_sums, group, n_blocks, out,
-                           qtype_code, rows_per_group, isa)
+    signature = types.void(quants, scales, mins, x_codes, x_scales, x_sums, group, out,
+                           qtype_code, rows_per_group, tokens, isa)
     return signature, codegen
 
 
 @functools.cache
-def _kernel(qtype_code: int, rows_per_group: int, isa: int):
-    """The matvec for one code layout, R and instruction set, compiled on first use (and cached)."""
+def _kernel(qtype_code: int, rows_per_group: int, tokens: int, isa: int):
+    """The kernel for one code layout, R, T and instruction set, compiled on first use (Numba
+    caches it on disk: the constants are part of the cache key; the intrinsic unrolls over R and T)."""
     @njit(cache=True, parallel=True)
     def matvec_kernel(quants, scales, mins, x, out):
-        x_codes, x_scales, x_sums = quantize_activations(x)  # (cols,), (blocks,), (blocks,)
-        n_blocks = x.shape[0] // 32
-        for g in prange(out.shape[0] // rows_per_group):
-            _group_dot(quants, scales, mins, x_codes, x_scales, x_sums, g, n_blocks, out,
-                       qtype_code, rows_per_group, isa)
+        x_codes, x_scales, x_sums = quantize_activations(x)  # (T, cols), (T, blocks), (T, blocks)
+        for g in prange(out.shape[1] // rows_per_group):
+            _group_dot(quants, scales, mins, x_codes, x_scales, x_sums, g, out,
+                       qtype_code, rows_per_group, tokens, isa)
 
     return matvec_kernel
 
 
-def kernel_for(w: RepackedMatrix, isa: int):
-    return _kernel(QTYPE_CODES[w.qtype], w.rows_per_group, isa)
+def kernel_for(w: RepackedMatrix, isa: int, tokens: int = 1):
+    return _kernel(QTYPE_CODES[w.qtype], w.rows_per_group, tokens, isa)
 
 
 def matvec(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.ndarray:
     """x (cols,) float32 -> (rows,) ~ W x with int8 activations; ``isa``: this target's best unless given."""
+    return matvec_rows(x[None, :], w, isa)[0]
+
+
+def matvec_rows(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.ndarray:
+    """x (T, cols) float32 -> (T, rows) ~ x W^T with int8 activations, each packed weight read and
+    unpacked once for all T rows (x must already be checked: quant.qlinear). Row t is bit for bit
+    what ``matvec(x[t])`` gives. One kernel is compiled per T: callers keep T small (qlinear: <= 8)."""
     if isa is None:
         isa = TARGET_ISA
-    if isa in (AVX512, AVX512_VNNI) and w.rows_per_group % 2:
+    if rows_per_vector(isa) == 2 and w.rows_per_group % 2:
         raise ValueError(f"the {ISA_NAMES[isa]} kernel pairs rows: rows_per_group must be even, got {w.rows_per_group}")
-    out = np.empty(w.groups * w.rows_per_group, dtype=np.float32)  # (padded rows,)
-    kernel_for(w, isa)(w.quants, w.scales, w.mins, x, out)
-    return out[:w.shape[0]]
+    out = np.empty((x.shape[0], w.groups * w.rows_per_group), dtype=np.float32)  # (T, padded rows)
+    kernel_for(w, isa, x.shape[0])(w.quants, w.scales, w.mins, x, out)
+    return out[:, :w.shape[0]]
 
 
 TARGET_ISA = target_isa()

@@ -1,0 +1,138 @@
+"""The compiled sampling kernels (minillm/kernels/cpu/sampling.py) against their specification, the
+NumPy pipeline of generation/sampling.py (itself checked against transformers' warpers in
+test_sampling.py), and directly against transformers' warpers on a real-size vocabulary.
+
+- filter_rows: the same kept tokens and the same values as temperature -> min_p_filter ->
+  top_k_filter -> top_p_filter, on every kind of row (ties, flat rows, tiny and real vocabularies,
+  mixed parameters in one batch);
+- sample_rows: the token ``draw`` picks from the NumPy-filtered logits at the same uniform;
+- Sampler with seeds: the tokens of the NumPy pipeline with the same seeds (one uniform per row,
+  drawn in the same order: the compiled path changes no RNG call);
+- apply_penalties: bit for bit the NumPy function.
+"""
+import numpy as np
+import pytest
+import torch
+from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from minillm.generation import sampling as spec
+from minillm.generation.sampling import Sampler, SamplingParams, SamplingState
+from minillm.kernels.cpu import sampling as compiled
+
+
+def numpy_filtered(x, temperature, min_p, top_k, top_p):
+    """The specification, row by row: x (R, V) -> (R, V) float64."""
+    out = np.asarray(x, dtype=np.float64) / np.asarray(temperature, dtype=np.float64)[:, None]
+    for r in range(out.shape[0]):
+        row = out[r:r + 1]
+        if min_p[r] > 0:
+            row = spec.min_p_filter(row, min_p[r:r + 1])
+        if top_k[r] > 0:
+            row = spec.top_k_filter(row, top_k[r:r + 1])
+        if top_p[r] < 1:
+            row = spec.top_p_filter(row, top_p[r:r + 1])
+        out[r] = row[0]
+    return out
+
+
+def random_case(rng, V: int, B: int, ties: bool):
+    x = rng.standard_normal((B, V)) * rng.uniform(0.1, 8)
+    if ties:
+        x = np.round(x)
+    temperature = rng.uniform(0.2, 2.0, B)
+    min_p = rng.choice([0.0, 0.0, 0.01, 0.3], B)
+    top_k = rng.choice([-1, 0, 1, 2, 7, 50, V - 1, V, V + 3], B)
+    top_p = rng.choice([1.0, 0.3, 0.8, 0.95, 0.999], B)
+    return x, temperature, min_p, top_k, top_p
+
+
+@pytest.mark.parametrize("V", [1, 4, 97, 2000, 49152])
+@pytest.mark.parametrize("ties", [False, True])
+def test_filter_rows_keep_what_the_numpy_filters_keep(V, ties):
+    rng = np.random.default_rng(V + ties)
+    for _ in range(30 if V < 49152 else 6):
+        x, *params = random_case(rng, V, 4, ties)
+        np.testing.assert_array_equal(compiled.filter_rows(x, *params), numpy_filtered(x, *params))
+
+
+def test_flat_rows_and_rows_far_apart():
+    """All logits equal (one histogram bin holds them all: ties to the lower id decide), and
+    logits spread over hundreds of nats (most tokens in the last bin)."""
+    V = 1000
+    flat = np.zeros((1, V))
+    spread = np.linspace(0, -800, V)[None, ::-1].copy()
+    for x in (flat, spread):
+        for p in (0.001, 0.25, 0.5, 0.999):
+            for k in (0, 3, 999):
+                args = (np.ones(1), np.zeros(1), np.array([k]), np.array([p]))
+                np.testing.assert_array_equal(compiled.filter_rows(x, *args), numpy_filtered(x, *args))
+
+
+def test_filtered_distribution_matches_transformers_on_a_real_vocabulary():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 49152)) * 4
+    got = compiled.filter_rows(x, [0.8], [0.02], [400], [0.9])
+    scores = torch.tensor(x / 0.8)
+    for warper in (MinPLogitsWarper(0.02), TopKLogitsWarper(400), TopPLogitsWarper(0.9)):
+        scores = warper(None, scores)
+    want = scores.numpy()
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_allclose(spec.softmax(got), spec.softmax(want), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("V", [3, 500, 49152])
+def test_sample_rows_draw_the_token_draw_draws(V):
+    rng = np.random.default_rng(V)
+    for _ in range(20):
+        x, *params = random_case(rng, V, 3, ties=V < 100)
+        u = rng.random(3)
+        want = spec.draw(numpy_filtered(x, *params), u)
+        np.testing.assert_array_equal(compiled.sample_rows(x, *params, u), want)
+
+
+def test_a_row_without_finite_logits_stays_and_draws_token_0_as_draw_does():
+    x = np.full((2, 10), -np.inf)
+    x[1, 4] = 1.0
+    args = ([1.0, 1.0], [0.0, 0.0], [2, 2], [0.5, 0.5])
+    out = compiled.filter_rows(x, *args)
+    assert np.isneginf(out[0]).all() and np.isfinite(out[1]).sum() == 1
+    assert compiled.sample_rows(x, *args, [0.3, 0.3]).tolist() == [0, 4]
+
+
+def numpy_sampler_tokens(logits, states):
+    """What Sampler drew before the compiled path: the NumPy chain, then draw at each row's uniform."""
+    x = Sampler()._adjusted(logits, states)
+    params = [s.params for s in states]
+    filtered = numpy_filtered(x, *(np.array([getattr(p, n) for p in params])
+                                   for n in ("temperature", "min_p", "top_k", "top_p")))
+    return spec.draw(filtered, np.array([s.rng.random() for s in states]))
+
+
+def test_seeded_sampling_gives_the_numpy_pipelines_tokens():
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((4, 49152)) * 3).astype(np.float32)
+    configs = [dict(temperature=0.8, top_p=0.95), dict(temperature=1.0, top_k=40), dict(temperature=0.7, min_p=0.05),
+               dict(temperature=1.3, top_k=100, top_p=0.9, min_p=0.01, repetition_penalty=1.2, frequency_penalty=0.5)]
+    for seed in range(25):
+        def states():
+            return [SamplingState(SamplingParams(seed=seed + 97 * i, **c), prompt_ids=[5, 9, 9], output_ids=[1, 5, 77])
+                    for i, c in enumerate(configs)]
+        got = Sampler().sample(logits, states()).token_ids
+        np.testing.assert_array_equal(got, numpy_sampler_tokens(logits, states()))
+
+
+def test_penalties_equal_the_numpy_function_bit_for_bit():
+    rng = np.random.default_rng(11)
+    V = 300
+    logits = rng.standard_normal((3, V)) * 5
+    prompts = [[1, 2, 2, 299], [], [7]]
+    outputs = [[2, 3, 3, 3, 0], [4, 4], []]
+    presence, frequency, repetition = np.array([0.5, -1.0, 2.0]), np.array([0.3, 1.5, -0.2]), np.array([1.3, 0.7, 2.0])
+    got = compiled.apply_penalties(logits, prompts, outputs, presence, frequency, repetition)
+    want = spec.apply_penalties(logits, prompts, outputs, presence, frequency, repetition)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_penalties_refuse_token_ids_outside_the_vocabulary():
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 5\)"):
+        compiled.apply_penalties(np.zeros((1, 5)), [[1]], [[5]], np.zeros(1), np.zeros(1), np.ones(1))
