@@ -96,8 +96,8 @@ class EngineReplica:
     """A whole engine in a Ray Serve replica; ``generate`` streams one request's step outputs."""
 
     def __init__(self, config: EngineConfig, server: ServerConfig):
-        # threads: Ray sets OMP_NUM_THREADS itself; LLM sizes Numba's pool
-        self.llm = LLM(dataclasses.replace(config, threads=config.threads or 1))
+        """``server``: the admission limits and the served name (``AsyncEngine``'s share of the config)."""
+        self.llm = LLM(config)  # config.threads sizes Numba's pool (Ray sets OMP_NUM_THREADS itself)
         self.llm.engine.commit_kv_cache()  # as `minillm serve`: the replica's memory is its size under load
         name = server.served_model_name or served_model_name(self.llm.path)
         self.engine = local_client(self.llm.engine, name, server)
@@ -306,13 +306,14 @@ class Replicas:
         deployment = serve.deployment(EngineReplica, ray_actor_options={"num_cpus": threads},
                                       max_ongoing_requests=server.max_waiting + engine.max_num_seqs,
                                       graceful_shutdown_wait_loop_s=0.2)  # Serve's 2 s: seconds per deletion
-        apps = [deployment.options(name=f"replica-{i}").bind(engine, server) for i in range(num_replicas)]
+        name = server.served_model_name or served_model_name(self.path)
+        admission = ServerConfig(served_model_name=name, **server.admission())  # no API key crosses to the actors
+        apps = [deployment.options(name=f"replica-{i}").bind(engine, admission) for i in range(num_replicas)]
         self.app_names = [f"minillm-replica-{i}" for i in range(num_replicas)]
         handles = serve.run_many([serve.RunTarget(app, name, route_prefix=None)  # all start at once
                                   for app, name in zip(apps, self.app_names)])
         # every replica runs the same config on the same model: the first one's limits are all of theirs
         self.limits = handles[0].limits.remote().result()
-        name = server.served_model_name or served_model_name(self.path)
         metrics = ServerMetrics(name, handles[0].stats.remote().result())  # the front's own series
         self.replicas = ReplicaSet(handles, self.limits, self.routing, metrics)
         # the one-process app, whole (routes, API keys, limits, access log), with the replicas as its client
