@@ -5,7 +5,7 @@
 
 Each server runs in its own process on 127.0.0.1, alone on the machine (one after the other),
 with the same threads (physical cores):
-- minillm: ``minillm.serve.app.main`` - continuous batching over the paged KV cache;
+- minillm: ``minillm serve`` - continuous batching over the paged KV cache;
 - llama.cpp: ``python -m llama_cpp.server --model <gguf> --n_threads <cores>`` - llama-cpp-python's
   server, which runs one request at a time (a lock around its single context). By default a new
   request *interrupts* the one streaming (``--interrupt_requests``); we turn that off, so requests
@@ -45,9 +45,8 @@ START_TIMEOUT_S = 300
 
 
 def minillm_command(model: Path, port: int, max_num_seqs: int) -> list[str]:
-    code = (f"import sys; from minillm.serve.app import main; "
-            f"sys.exit(main(port={port}, model={str(model)!r}, max_num_seqs={max_num_seqs}))")
-    return [sys.executable, "-c", code]
+    return [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--model", str(model),
+            "--max-num-seqs", str(max_num_seqs)]
 
 
 def llama_cpp_command(model: Path, port: int, threads: int, n_ctx: int) -> list[str]:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 
@@ -38,7 +39,7 @@ def _generate(args) -> int:
     from minillm.llm import LLM
 
     params = _sampling_params(args)  # a bad value fails here, before the model loads
-    llm = LLM(args.model, activations=args.activations, speculative=args.speculative_config)
+    llm = LLM(_engine_config(args))
     for piece in llm.stream(args.prompt, params):
         print(piece, end="", flush=True)
     print()
@@ -50,7 +51,7 @@ def _chat(args) -> int:
     from minillm.llm import LLM
 
     params = _sampling_params(args)
-    llm = LLM(args.model, activations=args.activations)
+    llm = LLM(_engine_config(args))
     print(f"minillm chat - {llm.path.name}. /reset starts over, /exit leaves, Ctrl-C stops an answer.")
     history: list[dict] = []
     while True:
@@ -102,31 +103,30 @@ def _use_threads(threads: int) -> None:
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
-def _serve(args) -> int:
+def _engine_config(args):
+    """The ``EngineConfig`` of the parsed flags (``--threads`` applied first, before the engine's libraries load)."""
+    from minillm.runtime.config import EngineConfig
+
     if args.threads is not None:
-        _use_threads(args.threads)  # before the engine's libraries load
-    if args.replicas is None and args.routing is not None:
+        _use_threads(args.threads)
+    return config_from_args(EngineConfig, args)
+
+
+def _serve(args) -> int:
+    from minillm.serve.config import ServerConfig
+
+    engine, server = _engine_config(args), config_from_args(ServerConfig, args)
+    if server.replicas is None and server.routing is not None:
         raise ValueError("--routing chooses among replicas: give --replicas N too")
-    if args.replicas is None and args.ray_dashboard:
+    if server.replicas is None and server.ray_dashboard:
         raise ValueError("--ray-dashboard is Ray's, which runs only with --replicas N")
-    if args.replicas is not None and args.tensor_parallel_size > 1:
+    if server.replicas is not None and engine.tensor_parallel_size > 1:
         raise ValueError("--tensor-parallel-size and --replicas do not combine yet: each replica is one process")
-    from minillm.serve.app import main as serve_main
-
-    if args.replicas is not None:  # the same server, N engines on Ray Serve behind it
-        from minillm.serve.replicas import main as replicas_main
-
-        serve_main = functools.partial(replicas_main, num_replicas=args.replicas, threads=args.threads or 1,
-                                       routing=args.routing or "cache-aware", ray_dashboard=args.ray_dashboard)
-    return serve_main(host=args.host, port=args.port, model=args.model, max_num_seqs=args.max_num_seqs,
-                      kv_cache_bytes=args.kv_cache_bytes, max_n=args.max_n, allowed_origins=args.allowed_origins,
-                      enable_docs=args.enable_docs, max_waiting=args.max_waiting, activations=args.activations,
-                      model_name=args.served_model_name, max_model_len=args.max_model_len, api_key=args.api_key,
-                      protect_metrics=args.protect_metrics, request_timeout=args.request_timeout or None,
-                      max_request_tokens=args.max_request_tokens or None, max_body_bytes=args.max_body_bytes or None,
-                      drain_timeout=args.drain_timeout, tensor_parallel_size=args.tensor_parallel_size,
-                      max_queued_tokens=args.max_queued_tokens or None, allowed_hosts=args.allowed_hosts,
-                      log_level=args.log_level, speculative=args.speculative_config)
+    if server.replicas is not None:  # the same server, N engines on Ray Serve behind it
+        from minillm.serve.replicas import main as serve_main
+    else:
+        from minillm.serve.app import main as serve_main
+    return serve_main(engine, server)
 
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -146,46 +146,78 @@ def _bench(args) -> int:
     return subprocess.run([sys.executable, str(script), *args.rest]).returncode
 
 
-def _speculative_config(text: str) -> dict:
-    """``--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'`` (vLLM's flag), checked now."""
-    from minillm.runtime.speculative import SpeculativeConfig
-
-    try:
-        options = json.loads(text)
-        if not isinstance(options, dict):
-            raise ValueError(f"expected a JSON object, got {text!r}")
-        SpeculativeConfig.from_dict(options)
-    except ValueError as e:  # json.JSONDecodeError is a ValueError too
-        raise argparse.ArgumentTypeError(f"--speculative-config: {e}") from None
-    return options
+# -----------------------------------------------------------------------------------------------
+# Flags from the config dataclasses: one field, one flag
 
 
 def _json_strings(flag: str, what: str):
     """A parser for ``flag``: a JSON list of strings, as vLLM takes ``--allowed-origins``."""
-    def parse(text: str) -> list[str]:
+    def parse(text: str) -> tuple[str, ...]:
         try:
             values = json.loads(text)
         except json.JSONDecodeError as e:
             raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of {what}: {e}") from None
         if not (isinstance(values, list) and all(isinstance(v, str) for v in values)):
             raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of strings, got {text!r}")
-        return values
+        return tuple(values)
     return parse
 
 
-def _add_speculative(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculative-config", type=_speculative_config, default=None,
-                   help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-                        '(methods: ngram, self with num_draft_layers)')
+def _checked(flag: str, parse):
+    """``parse`` with its ValueError as argparse's message naming the flag (argparse would say only
+    "invalid value")."""
+    def checked(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag}: {e}") from None
+    checked.__name__ = parse.__name__
+    return checked
 
 
-def _add_activations(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--activations", choices=("fp32", "int8"), default="fp32",
-                   help="the linear layers' input: fp32, or quantized to int8 per block (llama.cpp's integer path)")
+def _value_type(hint) -> type:
+    """int for ``int | None``, and so on."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls, defaults: dict | None = None) -> None:
+    """One flag per field of the dataclass ``cls`` (``--max-num-seqs`` for ``max_num_seqs``), with its
+    default (or ``defaults``'), type and help (its ``knob`` metadata: ``runtime/config.py``)."""
+    defaults = defaults or {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta, default = f.metadata, defaults.get(f.name, f.default)
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        kind = _value_type(hints[f.name])
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action="store_false" if default else "store_true", help=meta["help"])
+            continue
+        if "json_list" in meta:
+            parse = _json_strings(flag, meta["json_list"])
+        elif "parse" in meta:
+            parse = _checked(flag, meta["parse"])
+        else:
+            parse = kind
+        parser.add_argument(flag, dest=f.name, type=parse, default=default, choices=meta.get("choices"),
+                            help=meta["help"])
+
+
+def config_from_args(cls, args: argparse.Namespace):
+    """The ``cls`` the parsed flags describe (a limit given as 0 where 0 means none: None)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name)
+        values[f.name] = None if f.metadata.get("zero_means_none") and value == 0 else value
+    return cls(**values)
+
+
+SERVER_ENGINE_DEFAULTS = {"max_n": 8}  # a server's abuse limit (issue 27): n x the work for one request
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minillm.serve.router import POLICIES
+    from minillm.runtime.config import EngineConfig
+    from minillm.serve.config import ServerConfig
 
     parser = argparse.ArgumentParser(prog="minillm", description="An LLM inference engine built from scratch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,62 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         if name == "generate":
             p.add_argument("prompt")
-        p.add_argument("--model", default=None, help="a .gguf file or a Hugging Face model folder (default: SmolLM2)")
         p.add_argument("--max-tokens", type=int, default=256 if name == "chat" else 128)
         p.add_argument("--temperature", type=float, default=0.0 if name == "generate" else 0.7)
         p.add_argument("--top-p", type=float, default=1.0 if name == "generate" else 0.9)
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--seed", type=int, default=None)
-        _add_activations(p)
-        if name == "generate":
-            _add_speculative(p)
+        add_config_flags(p, EngineConfig)
         p.set_defaults(run=_generate if name == "generate" else _chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (SSE streaming, /metrics)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default=None, help="a .gguf file or a Hugging Face model folder (default: SmolLM2)")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
-    p.add_argument("--kv-cache-bytes", type=int, default=None,
-                   help="memory for the paged KV cache (default: min(4 GiB, a quarter of the available memory))")
-    p.add_argument("--max-n", type=int, default=8, help="the most completions (n) one request may ask for")
-    p.add_argument("--allowed-origins", type=_json_strings("--allowed-origins", "origins"), default=[],
-                   help='web origins whose pages may call the API, as JSON, e.g. \'["https://app.example"]\' '
-                        '(default: only the server\'s own chat page)')
-    p.add_argument("--allowed-hosts", type=_json_strings("--allowed-hosts", "host names"), default=None,
-                   help='Host header names the server answers to besides localhost, 127.0.0.1 and [::1], as JSON, '
-                        'e.g. \'["llm.internal"]\' ("*": any). Default: on a loopback address only those three '
-                        '(DNS rebinding protection), elsewhere any')
-    p.add_argument("--enable-docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
-    p.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond this get 503")
-    p.add_argument("--max-queued-tokens", type=int, default=16384,
-                   help="prompt tokens still to prefill beyond which a new request gets 503 (0: no limit)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="split the model over this many processes (torch.distributed, gloo; chapter 12)")
-    _add_activations(p)
-    _add_speculative(p)
-    # what an operator reaches for first (vLLM's names where vLLM has the flag)
-    p.add_argument("--served-model-name", default=None, help="the name clients send as \"model\" (default: the file's)")
-    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + completion, in tokens")
-    p.add_argument("--threads", type=int, default=None, help="Numba/BLAS threads (default: one per core)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINILLM_API_KEY; none: open)")
-    p.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
-    p.add_argument("--request-timeout", type=float, default=600.0,
-                   help="seconds after which a request is aborted with a 504 (0: never)")
-    p.add_argument("--max-request-tokens", type=int, default=32768,
-                   help="the most n x max_tokens one request may ask for (0: no limit)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
-                   help="request bodies larger than this get 413 (0: no limit)")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM/Ctrl-C, seconds in-flight requests get to finish before they are aborted")
-    p.add_argument("--replicas", type=int, default=None,
-                   help="serve from N engine replicas on Ray Serve (--threads each, default 1) behind one endpoint")
-    p.add_argument("--ray-dashboard", action="store_true",
-                   help="with --replicas: start Ray's dashboard too (on 127.0.0.1; off by default)")
-    p.add_argument("--routing", choices=POLICIES, default=None,
-                   help="how --replicas share the requests (default: cache-aware, to the replica holding the prefix)")
+    add_config_flags(p, EngineConfig, SERVER_ENGINE_DEFAULTS)
+    add_config_flags(p, ServerConfig)
     p.set_defaults(run=_serve)
 
     p = sub.add_parser("bench", help="side-by-side benchmarks: decode, throughput, serve (JSON results)")

@@ -26,6 +26,7 @@ from minillm.generation.sampling import SamplingParams
 from minillm.generation.tokenizer import Tokenizer
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.loader import load_model
+from minillm.runtime.config import EngineConfig
 from minillm.runtime.engine import LLMEngine
 
 Prompt = str | Sequence[int]
@@ -55,35 +56,58 @@ class RequestOutput:
         return self.outputs[0].stop_reason
 
 
+def model_path(model: str | Path | None) -> Path:
+    """The model's file or folder: ``model``, else the default model (fetched on first use)."""
+    return Path(model) if model is not None else (cached_model_path() or fetch())
+
+
 def load_tokenizer(path: Path) -> Tokenizer:
     """The tokenizer that travels with a model: GGUF metadata, or tokenizer.json in an HF folder."""
     return Tokenizer.from_hf_json(path) if path.is_dir() else Tokenizer.from_gguf(path)
 
 
+def chat_prompt(tokenizer: Tokenizer, messages: Sequence[dict], max_tokens: int | None = None) -> list[int]:
+    """The token ids of a conversation rendered with the model's chat template (the tokenizer carries
+    it). Message contents are plain text: a special token typed in one is its characters, not the
+    control token. ``max_tokens``: see ``Tokenizer.encode`` (``TooManyTokens``)."""
+    parts = render_chat_parts(messages, tokenizer.chat_template, add_generation_prompt=True,
+                              special_tokens=tokenizer.added_token_ids, bos_token=tokenizer.bos_token or "",
+                              eos_token=tokenizer.eos_token or "")
+    return tokenizer.encode_parts(parts, add_bos=False, max_tokens=max_tokens)
+
+
 class LLM:
     """A model with its tokenizer, ready to generate."""
 
-    def __init__(self, model: str | Path | None = None, backend: str = "numba", activations: str = "fp32",
-                 tensor_parallel_size: int = 1, **engine_args):
-        """``activations`` ("fp32" or "int8") is how the linear layers take their input;
-        ``tensor_parallel_size`` > 1 splits the model over that many processes (this one is rank 0;
-        ``close()`` stops the others); ``engine_args`` go to ``LLMEngine``: kv_cache_bytes,
-        block_size, max_num_seqs, max_num_batched_tokens, speculative (vLLM's speculative_config,
-        e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``)."""
-        if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}")
-        self.path = Path(model) if model is not None else (cached_model_path() or fetch())
+    def __init__(self, model: str | Path | EngineConfig | None = None, **options):
+        """``LLM("model.gguf", max_num_seqs=16)`` or ``LLM(EngineConfig(...))``: ``options`` are the fields of
+        ``EngineConfig`` (an unknown one is a TypeError naming it), e.g. ``activations`` ("fp32" or "int8",
+        how the linear layers take their input), ``tensor_parallel_size`` (> 1 splits the model over that
+        many processes; this one is rank 0; ``close()`` stops the others), ``kv_cache_bytes``,
+        ``max_num_seqs``, ``speculative`` (vLLM's speculative_config, e.g. ``{"method": "ngram",
+        "num_speculative_tokens": 4}``)."""
+        if isinstance(model, EngineConfig):
+            self.config = EngineConfig.create(model, **options)
+        else:
+            self.config = EngineConfig.create(model=model, **options)
+        config = self.config
+        self.path = model_path(config.model)
         self.tensor_parallel = None
-        if tensor_parallel_size > 1:
+        if config.tensor_parallel_size > 1:
             from minillm.runtime.tensor_parallel import TensorParallelGroup  # torch loads only here
 
-            self.tensor_parallel = TensorParallelGroup(self.path, tensor_parallel_size, backend, activations)
+            self.tensor_parallel = TensorParallelGroup(self.path, config.tensor_parallel_size, config.backend,
+                                                       config.activations, threads=config.threads)  # per rank
             self.model = self.tensor_parallel.model  # rank 0's shard
         else:
-            self.model = load_model(self.path, backend=backend, activations=activations)
+            if config.threads is not None:  # Numba's pool is the process's: the last LLM built sets its size
+                import numba
+
+                numba.set_num_threads(min(config.threads, numba.config.NUMBA_NUM_THREADS))
+            self.model = load_model(self.path, backend=config.backend, activations=config.activations)
         try:
             self.tokenizer = load_tokenizer(self.path)
-            self.engine = LLMEngine(self.model, self.tokenizer, tensor_parallel=self.tensor_parallel, **engine_args)
+            self.engine = LLMEngine(self.model, self.tokenizer, config, tensor_parallel=self.tensor_parallel)
         except BaseException:
             self.close()
             raise
@@ -146,14 +170,8 @@ class LLM:
                 engine.abort(request_id)
 
     def chat_prompt(self, messages: Sequence[dict], max_tokens: int | None = None) -> list[int]:
-        """The token ids of a conversation rendered with the model's chat template. Message contents
-        are plain text: a special token typed in one is its characters, not the control token.
-        ``max_tokens``: see ``Tokenizer.encode`` (``TooManyTokens``)."""
-        tok = self.tokenizer
-        parts = render_chat_parts(messages, tok.chat_template, add_generation_prompt=True,
-                                  special_tokens=tok.added_token_ids, bos_token=tok.bos_token or "",
-                                  eos_token=tok.eos_token or "")
-        return tok.encode_parts(parts, add_bos=False, max_tokens=max_tokens)
+        """``chat_prompt`` with this model's tokenizer."""
+        return chat_prompt(self.tokenizer, messages, max_tokens)
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> RequestOutput:
         """The assistant's reply to a conversation."""

@@ -14,7 +14,8 @@ import pytest
 
 from minillm.llm import LLM
 from minillm.runtime.engine import default_kv_cache_bytes
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.serve.app import BackgroundServer, llm_app
+from minillm.serve.config import ServerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,8 @@ def llm(smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(llm):
-    with BackgroundServer(create_app(llm, log_interval=60.0, allowed_origins=["https://app.example"])) as server:
+    config = ServerConfig(log_interval=60.0, allowed_origins=["https://app.example"])
+    with BackgroundServer(llm_app(llm, config)) as server:
         yield server
 
 
@@ -144,7 +146,7 @@ def test_a_client_leaving_mid_upload_is_no_internal_error(server, model, caplog)
 def held_step(server, monkeypatch):
     """The engine's next step waits for ``gate``; ``entered`` is set once it has begun: requests
     sent meanwhile queue up behind a step that cannot finish."""
-    engine = server.app.state.llm.engine
+    engine = server.app.state.client.engine
     real_step, entered, gate = engine.step, threading.Event(), threading.Event()
 
     def step():
@@ -158,7 +160,7 @@ def held_step(server, monkeypatch):
 
 
 def test_a_burst_is_not_refused_while_the_engine_has_places(server, model, monkeypatch, held_step):
-    async_engine = server.app.state.engine
+    async_engine = server.app.state.client
     entered, gate = held_step
     monkeypatch.setattr(async_engine, "max_waiting", 2)
     body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
@@ -181,10 +183,10 @@ def test_a_burst_is_not_refused_while_the_engine_has_places(server, model, monke
 
 def test_long_prompts_past_the_queued_token_bound_are_refused_short_ones_are_not(server, model, monkeypatch,
                                                                                  held_step):
-    async_engine, engine = server.app.state.engine, server.app.state.llm.engine
+    async_engine, engine = server.app.state.client, server.app.state.client.engine
     entered, gate = held_step
     long_prompt = "the cat sat on the mat and " * 20  # 140 tokens
-    n_long = len(server.app.state.llm.tokenizer.encode(long_prompt))
+    n_long = len(server.app.state.tokenizer.encode(long_prompt))
     monkeypatch.setattr(async_engine, "max_queued_tokens", n_long + 50)
     body = {"model": model, "max_tokens": 1, "temperature": 0}
 

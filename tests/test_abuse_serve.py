@@ -15,7 +15,8 @@ import pytest
 from minillm.generation.constrained.examples import WEATHER_CALL
 from minillm.llm import LLM
 from minillm.runtime.speculative import SpeculativeConfig
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.serve.app import BackgroundServer, llm_app
+from minillm.serve.config import ServerConfig
 from serve_process import serve_process
 
 CHAT = [{"role": "user", "content": "What's the weather in Paris?"}]
@@ -30,7 +31,7 @@ def llm(smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(llm):
-    with BackgroundServer(create_app(llm, log_interval=60.0)) as server:
+    with BackgroundServer(llm_app(llm, ServerConfig(log_interval=60.0))) as server:
         yield server
 
 
@@ -182,27 +183,115 @@ def assert_one_sentence(message: str) -> None:
     assert not any(leak in message for leak in ("pid=", "ip=", "actor_id", "/home/", ".py")), message
 
 
+class FakeCall:
+    """What ``handle.options(stream=True).generate.remote(...)`` gives the front: Ray Serve's stream
+    of a replica's items - ``items`` (an exception among them is raised, as Ray raises a failed
+    call), then a replica still generating, until ``cancel()``."""
+
+    def __init__(self, items):
+        import asyncio
+
+        self.items, self.cancelled = list(items), asyncio.Event()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.items:
+            item = self.items.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            return item
+        await self.cancelled.wait()
+        raise StopAsyncIteration
+
+    def cancel(self):
+        self.cancelled.set()
+
+
+class FakeHandle:
+    """A replica's Ray Serve handle, as ``ReplicaSet`` calls it; ``calls``: every call made."""
+
+    def __init__(self, items):
+        self.items, self.calls = items, []
+
+    def options(self, stream: bool):
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, prompt_ids, params, request_id):
+        self.calls.append(FakeCall(self.items))
+        return self.calls[-1]
+
+
+def fake_replicas(items, vocab_size: int = 49152):
+    """A ``ReplicaSet`` of one fake replica that sends ``items``."""
+    from minillm.runtime.config import EngineLimits
+    from minillm.runtime.engine import EngineStats
+    from minillm.serve.metrics import ServerMetrics
+    from minillm.serve.replicas import ReplicaSet
+
+    limits = EngineLimits(max_model_len=2048, max_n=2, max_num_seqs=4, block_size=16, vocab_size=vocab_size)
+    idle = EngineStats(0, 0, 0, 0.0, 128, 128, 0, 0, 0, limits.max_model_len, limits.max_num_seqs, 512,
+                       limits.block_size)
+    return ReplicaSet([FakeHandle(items)], limits, "round-robin", ServerMetrics("fake", idle)), limits
+
+
 def test_a_failed_ray_call_reaches_the_client_as_one_sentence():
     import asyncio
 
-    from minillm.serve.async_engine import EngineFailure
-    from minillm.serve.replicas import ReplicaStream
+    from minillm.generation.sampling import SamplingParams
+    from minillm.serve.client import EngineFailure
 
     class RayTaskError(Exception):  # Ray's exceptions carry the remote traceback as their text
         pass
 
-    class Failing:
-        async def __anext__(self):
-            raise RayTaskError(RAY_TRACEBACK)
+    replicas, _ = fake_replicas([RayTaskError(RAY_TRACEBACK)])
 
-    async def read():
+    async def submit():
         with pytest.raises(EngineFailure) as failure:
-            await ReplicaStream(Failing(), lambda: None).__anext__()
+            await replicas.submit([1, 2], SamplingParams(), "r", 0.0)
         return str(failure.value)
 
-    message = asyncio.run(read())
+    message = asyncio.run(submit())
     assert message.startswith("the replica serving this request failed") and "RayTaskError" in message
     assert_one_sentence(message)  # before: the whole traceback, paths, pid, ip, actor id, colours
+    assert replicas.in_flight == [0] and not replicas.calls
+
+
+def test_stopping_the_replica_set_ends_each_stream_with_the_engines_error_event_and_done(smollm2_path):
+    """The drain deadline calls ``client.stop()`` from a thread of its own. With replicas, before, it
+    only set a flag: the stream hung until the replicas were deleted or uvicorn cut it mid-chunk.
+    Now it ends as the single engine's does (an error event, then [DONE]) and the Ray call is
+    cancelled, so the replica aborts the request."""
+    import threading
+
+    from minillm.llm import load_tokenizer
+    from minillm.runtime.engine import StepOutput
+    from minillm.serve.app import create_app
+    from minillm.serve.client import ACCEPTED
+
+    tokenizer = load_tokenizer(smollm2_path)
+    token = StepOutput("r", 0, 42, "Once", None, True, False, None, False)
+    replicas, limits = fake_replicas([ACCEPTED, [token]], tokenizer.vocab_size)
+    body = {"model": "fake", "prompt": "Once upon a time", "max_tokens": 400, "stream": True}
+    with BackgroundServer(create_app(replicas, tokenizer, limits, "fake")) as server:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            events = []
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 1:  # the replica's first token is out: the deadline strikes
+                        threading.Thread(target=replicas.stop).start()
+    assert events[-1] == "[DONE]", events
+    assert json.loads(events[0])["choices"][0]["text"] == "Once"
+    error = json.loads(events[-2])["error"]
+    assert error["message"] == "the server is shutting down" and error["type"] == "server_error", error
+    call = replicas.handles[0].calls[0]
+    assert call.cancelled.is_set() and replicas.in_flight == [0] and not replicas.calls
 
 
 @pytest.mark.parametrize("where", ["submit", "stream"])
@@ -211,7 +300,7 @@ def test_a_replicas_failure_leaves_as_the_single_engines_refusal(where):
     sentence: an exception escaping ``generate`` would cross Ray as its traceback."""
     import asyncio
 
-    from minillm.serve.async_engine import ACCEPTED, EngineFailure
+    from minillm.serve.client import ACCEPTED, EngineFailure
     from minillm.serve.replicas import EngineReplica, Refusal
 
     class Stream:
@@ -225,6 +314,9 @@ def test_a_replicas_failure_leaves_as_the_single_engines_refusal(where):
             pass
 
     class Engine:
+        def stop(self):  # EngineReplica.__del__ stops its engine
+            pass
+
         async def submit(self, *args):
             if where == "submit":
                 raise EngineFailure("internal error in the engine: KeyError: 'x'")
@@ -394,9 +486,9 @@ def test_a_request_without_host_is_refused(server):
 
 @pytest.mark.slow
 def test_allowed_hosts_adds_names(llm, model):
-    with BackgroundServer(create_app(llm, log_interval=60.0, allowed_hosts=["llm.internal"])) as server:
+    with BackgroundServer(llm_app(llm, ServerConfig(log_interval=60.0, allowed_hosts=["llm.internal"]))) as server:
         assert httpx.get(server.url + "/metrics", headers={"Host": "llm.internal:8080"}).status_code == 200
         assert httpx.get(server.url + "/metrics", headers={"Host": "localhost"}).status_code == 200
         assert httpx.get(server.url + "/metrics", headers={"Host": "evil.example"}).status_code == 403
-    with BackgroundServer(create_app(llm, log_interval=60.0, allowed_hosts=["*"])) as server:
+    with BackgroundServer(llm_app(llm, ServerConfig(log_interval=60.0, allowed_hosts=["*"]))) as server:
         assert httpx.get(server.url + "/metrics", headers={"Host": "anything.example"}).status_code == 200

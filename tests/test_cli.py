@@ -71,9 +71,9 @@ def test_serve_takes_the_abuse_limits_as_flags():
     from minillm.cli import build_parser
 
     args = build_parser().parse_args(["serve"])
-    assert args.max_n == 8 and args.allowed_origins == [] and not args.enable_docs and args.kv_cache_bytes is None
+    assert args.max_n == 8 and args.allowed_origins == () and not args.enable_docs and args.kv_cache_bytes is None
     args = build_parser().parse_args(["serve", "--allowed-origins", '["https://a.example"]', "--max-n", "2"])
-    assert args.allowed_origins == ["https://a.example"] and args.max_n == 2
+    assert args.allowed_origins == ("https://a.example",) and args.max_n == 2
     run = minillm("serve", "--allowed-origins", "https://a.example")
     assert run.returncode == 2 and "JSON list" in run.stderr
 
@@ -86,3 +86,79 @@ def test_serve_takes_a_tensor_parallel_size_and_a_token_queue_bound():
     assert build_parser().parse_args(["serve", "--tensor-parallel-size", "2"]).tensor_parallel_size == 2
     run = minillm("serve", "--replicas", "2", "--tensor-parallel-size", "2")
     assert run.returncode == 2 and "--tensor-parallel-size and --replicas" in run.stderr, run.stderr
+
+
+# every knob once: a value other than its default, as its flag and as the config field
+ENGINE_VALUES = {"model": "m.gguf", "backend": "reference", "activations": "int8", "kv_cache_bytes": 1 << 20,
+                 "block_size": 8, "max_num_seqs": 3, "max_num_batched_tokens": 64, "max_n": 2, "max_model_len": 100,
+                 "jump_forward": False, "speculative": {"method": "ngram", "num_speculative_tokens": 2},
+                 "tensor_parallel_size": 2, "threads": 1}
+
+
+def flags_for(values: dict) -> list[str]:
+    import json
+
+    flags = []
+    for name, value in values.items():
+        if name == "jump_forward":
+            flags.append("--no-jump-forward")
+        elif name == "speculative":
+            flags += ["--speculative-config", json.dumps(value)]
+        elif value is True:
+            flags.append("--" + name.replace("_", "-"))
+        elif isinstance(value, tuple):
+            flags += ["--" + name.replace("_", "-"), json.dumps(list(value))]
+        else:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["serve"]])
+def test_every_engine_config_field_is_one_flag(command):
+    import dataclasses
+
+    from minillm.cli import build_parser, config_from_args
+    from minillm.runtime.config import EngineConfig
+
+    assert set(ENGINE_VALUES) == {f.name for f in dataclasses.fields(EngineConfig)}  # a new knob joins this test
+    args = build_parser().parse_args([*command, *flags_for(ENGINE_VALUES)])
+    assert config_from_args(EngineConfig, args) == EngineConfig(**ENGINE_VALUES)
+    defaults = config_from_args(EngineConfig, build_parser().parse_args(command))
+    assert defaults == EngineConfig(max_n=8 if command == ["serve"] else None)  # the server's abuse limit
+
+
+def test_every_server_config_field_is_one_flag_and_0_is_no_limit():
+    import dataclasses
+
+    from minillm.cli import build_parser, config_from_args
+    from minillm.serve.config import ServerConfig
+
+    values = {"host": "0.0.0.0", "port": 9, "served_model_name": "smol", "api_key": "k", "protect_metrics": True,
+              "allowed_origins": ("https://a.example",), "allowed_hosts": ("llm.internal",), "enable_docs": True,
+              "max_body_bytes": 10, "max_waiting": 3, "max_queued_tokens": 7, "max_request_tokens": 5,
+              "request_timeout": 2.5, "log_interval": 1.0, "drain_timeout": 4.0, "log_level": "debug", "replicas": 2,
+              "routing": "round-robin", "ray_dashboard": True}
+    assert set(values) == {f.name for f in dataclasses.fields(ServerConfig)}
+    assert config_from_args(ServerConfig, build_parser().parse_args(["serve", *flags_for(values)])) == \
+        ServerConfig(**values)
+    assert config_from_args(ServerConfig, build_parser().parse_args(["serve"])) == ServerConfig()
+    unlimited = ["--max-body-bytes", "0", "--max-queued-tokens", "0", "--max-request-tokens", "0", "--request-timeout", "0"]
+    got = config_from_args(ServerConfig, build_parser().parse_args(["serve", *unlimited]))
+    assert (got.max_body_bytes, got.max_queued_tokens, got.max_request_tokens, got.request_timeout) == (None,) * 4
+
+
+def test_a_bad_speculative_flag_is_named():
+    run = minillm("generate", "hi", "--speculative-config", '{"method": "ngram"}')
+    assert run.returncode == 2 and "--speculative-config" in run.stderr and "num_speculative_tokens" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_an_unknown_llm_option_is_named_with_the_known_ones():
+    from minillm.llm import LLM
+    from minillm.runtime.config import EngineConfig
+
+    with pytest.raises(TypeError, match="unknown engine option 'max_num_sqs'; the options are model, backend"):
+        LLM(max_num_sqs=4)  # before: accepted by LLM, and a TypeError from LLMEngine after the model loaded
+    with pytest.raises(TypeError, match="unknown engine option 'nope'"):
+        EngineConfig.create(EngineConfig(max_num_seqs=2), nope=1)
+    assert EngineConfig.create(EngineConfig(max_num_seqs=2), max_n=1) == EngineConfig(max_num_seqs=2, max_n=1)

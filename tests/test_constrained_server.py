@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from minillm.generation.constrained.examples import PERSON, WEATHER_CALL
 from minillm.llm import LLM
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.serve.app import BackgroundServer, llm_app
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def client(smollm2_path):
-    with BackgroundServer(create_app(LLM(smollm2_path))) as server:
+    with BackgroundServer(llm_app(LLM(smollm2_path))) as server:
         yield OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600), server.app.state.model_name
 
 

@@ -21,7 +21,8 @@ from minillm.cli import main as cli_main
 from minillm.llm import LLM
 from minillm.runtime.engine import LLMEngine
 from minillm.serve import auth
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.serve.app import BackgroundServer, llm_app
+from minillm.serve.config import ServerConfig
 from serve_process import serve_process
 
 KEY = "sekrit-key"
@@ -62,15 +63,15 @@ def llm(smollm2_path):
 
 @contextmanager
 def serving(llm, **options):
-    with BackgroundServer(create_app(llm, **options)) as server:
+    with BackgroundServer(llm_app(llm, ServerConfig(**options))) as server:
         yield server
 
 
 def all_blocks_free(server, timeout: float = 120.0) -> bool:
-    engine, deadline = server.app.state.llm.engine, time.monotonic() + timeout
+    engine, deadline = server.app.state.client.engine, time.monotonic() + timeout
     while time.monotonic() < deadline:
         stats = engine.stats()
-        if not engine.has_unfinished() and not server.app.state.engine.streams and \
+        if not engine.has_unfinished() and not server.app.state.client.streams and \
                 stats.num_free_blocks == stats.num_blocks:
             return True
         time.sleep(0.05)
@@ -226,7 +227,7 @@ def test_a_request_that_breaks_the_engine_fails_alone(llm, monkeypatch):
             assert response.json()["error"]["type"] == "server_error"
         assert running_text == alone[0]
         assert innocent.status_code == 200 and innocent.json()["choices"][0]["text"] == alone[1]
-        assert httpx.get(url + "/health").status_code == 200 and server.app.state.engine.thread.is_alive()
+        assert httpx.get(url + "/health").status_code == 200 and server.app.state.client.thread.is_alive()
         assert all_blocks_free(server)
 
 

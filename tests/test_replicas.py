@@ -16,7 +16,10 @@ import httpx
 import pytest
 import ray
 
+from minillm.llm import chat_prompt
+from minillm.runtime.config import EngineConfig
 from minillm.serve.app import BackgroundServer
+from minillm.serve.config import ServerConfig
 from minillm.serve.replicas import Replicas
 from test_server import (PROMPTS, QUESTION, chat_whole_and_streamed, greedy_completion, leave_a_long_stream,
                          streamed_greedy_text,  # noqa: F401 (fixtures)
@@ -33,8 +36,8 @@ SYSTEM = ("You are a patient assistant for a bicycle repair shop. Answer in one 
 
 @pytest.fixture(scope="module")
 def replicas(smollm2_path):
-    with Replicas(smollm2_path, num_replicas=2, routing="cache-aware", threads=1, max_num_seqs=32,
-                  kv_cache_bytes=32 << 20) as replicas:
+    engine = EngineConfig(model=smollm2_path, threads=1, max_num_seqs=32, kv_cache_bytes=32 << 20)
+    with Replicas(engine, ServerConfig(replicas=2, routing="cache-aware")) as replicas:
         yield replicas
     ray.shutdown()  # the rest of the suite runs without Ray's processes
 
@@ -46,8 +49,8 @@ def server(replicas):
 
 
 @pytest.fixture(scope="module")
-def llm(replicas):
-    return replicas.llm
+def tokenizer(replicas):
+    return replicas.tokenizer
 
 
 def replica_stats(replicas):
@@ -65,7 +68,7 @@ def assert_every_replica_idle(replicas) -> None:
 def test_a_replicas_rejection_is_the_same_400_naming_the_field(server, model, replicas):
     """Only the replica's engine checks a prompt + completion against the context: its RequestRejected
     crosses the actor boundary and reaches the client as the one-process server answers it."""
-    limit = replicas.llm.engine.stats().max_model_len
+    limit = replicas.limits.max_model_len
     with httpx.Client(base_url=server.url, timeout=None) as http:
         response = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": limit})
         assert response.status_code == 400
@@ -102,8 +105,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_the_replica(se
 
 
 def test_cache_aware_routing_keeps_a_shared_prefix_on_one_replica_where_it_hits(client, model, replicas):
-    block_size = replicas.llm.engine.stats().block_size
-    system_blocks = len(replicas.llm.chat_prompt([{"role": "system", "content": SYSTEM}])) // block_size
+    block_size = replicas.limits.block_size
+    system_blocks = len(chat_prompt(replicas.tokenizer, [{"role": "system", "content": SYSTEM}])) // block_size
     assert system_blocks >= 2  # the shared part spans several full blocks
     before_routed, before = list(replicas.replicas.routed), replica_stats(replicas)
     for question in ("How do I fix a flat tyre?", "My chain skips.", "Brakes squeal.", "Adjust my saddle?"):
@@ -119,11 +122,11 @@ def test_cache_aware_routing_keeps_a_shared_prefix_on_one_replica_where_it_hits(
 
 def test_bad_replica_settings_are_refused_before_anything_starts():
     with pytest.raises(ValueError, match="num_replicas must be >= 1"):
-        Replicas(num_replicas=0)
+        Replicas(server=ServerConfig(replicas=0))
     with pytest.raises(ValueError, match="threads must be >= 1"):
-        Replicas(threads=0)
+        Replicas(EngineConfig(threads=0))
     with pytest.raises(ValueError, match="routing must be one of"):
-        Replicas(routing="random")
+        Replicas(server=ServerConfig(routing="random"))
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -135,6 +138,72 @@ def test_serve_refuses_bad_replica_flags_by_name(flags, message):
     run = subprocess.run([sys.executable, "-m", "minillm.cli", "serve", *flags], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def weights_reachable(root) -> tuple[set[str], int]:
+    """The model objects (``Model``, ``QMatrix``) and the bytes of NumPy arrays reachable from ``root``,
+    following every reference except into modules, classes and functions' globals (which reach the
+    whole process); closures and bound methods are followed."""
+    import gc
+    import types
+
+    import numpy as np
+
+    from minillm.kernels.quant_formats import QMatrix
+    from minillm.model.transformer import Model
+
+    seen, stack, models, array_bytes = set(), [root], set(), 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (types.ModuleType, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (Model, QMatrix)):
+            models.add(type(obj).__name__)
+        if isinstance(obj, np.ndarray):
+            array_bytes += obj.nbytes
+            continue
+        if isinstance(obj, types.FunctionType):
+            stack += [*(obj.__closure__ or ()), *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+            continue
+        stack += gc.get_referents(obj)
+    return models, array_bytes
+
+
+def test_the_front_holds_no_model_weights_and_no_engine_thread(server, replicas):
+    """Before, the front loaded a whole LLM only to tokenize, and its app's engine thread idled."""
+    import threading
+
+    models, array_bytes = weights_reachable(replicas)  # the front: its app, client, tokenizer, handles
+    assert not models, models
+    assert array_bytes < 1 << 20, array_bytes  # the model file is ~100 MB of weights; the tokenizer holds none
+    assert not [t.name for t in threading.enumerate() if t.name == "minillm-engine"]
+
+
+def test_stopping_the_replicas_ends_each_stream_with_an_error_event_and_frees_its_blocks(server, model, replicas):
+    """The drain deadline (``shutdown.py``) calls ``client.stop()`` from a thread: every stream on a
+    replica ends as the single engine's do, and the replica aborts the request."""
+    import json
+    import threading
+
+    body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    events = []
+    try:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 2:
+                        threading.Thread(target=replicas.replicas.stop).start()
+        assert events[-1] == "[DONE]" and len(events) < 100, events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["message"] == "the server is shutting down" and error["type"] == "server_error"
+        refused = httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
+        assert refused.status_code == 503
+        assert_every_replica_idle(replicas)  # the Ray call was cancelled: the replica aborted it
+    finally:
+        replicas.replicas.stopping = False  # the module's last test needs the endpoint serving
 
 
 def test_a_replica_that_dies_mid_stream_ends_its_request_with_an_error_and_serve_replaces_it(server, model, replicas):

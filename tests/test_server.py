@@ -16,8 +16,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minillm.llm import LLM
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.llm import LLM, chat_prompt
+from minillm.serve.app import BackgroundServer, llm_app
+from minillm.serve.config import ServerConfig
 from minillm.serve.loadgen import LoadConfig, benchmark, main as loadgen_main
 
 pytestmark = pytest.mark.slow
@@ -33,8 +34,13 @@ def llm(smollm2_path):
 
 
 @pytest.fixture(scope="module")
+def tokenizer(llm):
+    return llm.tokenizer
+
+
+@pytest.fixture(scope="module")
 def server(llm):
-    with BackgroundServer(create_app(llm, log_interval=5.0)) as server:
+    with BackgroundServer(llm_app(llm, ServerConfig(log_interval=5.0))) as server:
         yield server
 
 
@@ -47,7 +53,7 @@ def wait_until(condition, what: str, timeout: float = 300.0) -> None:
 
 
 def assert_all_blocks_free(server) -> None:
-    engine, streams = server.app.state.llm.engine, server.app.state.engine.streams
+    engine, streams = server.app.state.client.engine, server.app.state.client.streams
 
     def all_free():
         stats = engine.stats()
@@ -100,10 +106,10 @@ def test_chat_stream_is_the_same_text_in_openai_chunks(chat_whole_and_streamed):
         whole.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"})
 
 
-def test_usage_counts_are_the_tokenizers(chat_whole_and_streamed, llm):
+def test_usage_counts_are_the_tokenizers(chat_whole_and_streamed, tokenizer):
     whole, _ = chat_whole_and_streamed
-    assert whole.usage.prompt_tokens == len(llm.chat_prompt(QUESTION))
-    expected = llm.tokenizer.encode(whole.choices[0].message.content) + [llm.tokenizer.eos_id]  # eos is counted
+    assert whole.usage.prompt_tokens == len(chat_prompt(tokenizer, QUESTION))
+    expected = tokenizer.encode(whole.choices[0].message.content) + [tokenizer.eos_id]  # eos is counted
     assert whole.usage.completion_tokens == len(expected)
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
 
@@ -114,11 +120,11 @@ def greedy_completion(client, model):
                                      extra_body={"ignore_eos": True})
 
 
-def test_completion_stops_at_max_tokens(greedy_completion, llm):
+def test_completion_stops_at_max_tokens(greedy_completion, tokenizer):
     c = greedy_completion
     assert c.object == "text_completion" and c.id.startswith("cmpl-")
     assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 10
-    assert c.usage.prompt_tokens == len(llm.tokenizer.encode(PROMPTS[3]))
+    assert c.usage.prompt_tokens == len(tokenizer.encode(PROMPTS[3]))
     assert len(c.choices[0].logprobs.tokens) == 10 and "".join(c.choices[0].logprobs.tokens) == c.choices[0].text
 
 
@@ -131,8 +137,8 @@ def test_completion_logprobs_shapes(greedy_completion):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(10)]
 
 
-def test_token_id_prompts_equal_text_prompts(client, model, llm, greedy_completion):
-    ids = llm.tokenizer.encode(PROMPTS[3])
+def test_token_id_prompts_equal_text_prompts(client, model, tokenizer, greedy_completion):
+    ids = tokenizer.encode(PROMPTS[3])
     c = client.completions.create(model=model, prompt=ids, max_tokens=10, temperature=0,
                                   extra_body={"ignore_eos": True})
     assert c.choices[0].text == greedy_completion.choices[0].text
@@ -213,7 +219,7 @@ def test_bad_requests_raise_the_clients_errors(client, model, server):
 def test_the_engines_rejections_become_400s_naming_this_requests_field(server, model):
     """The engine alone checks a request against its limits; its RequestRejected carries the field and
     OpenAI's code, and each endpoint names the field as its client sent it."""
-    limit = server.app.state.llm.engine.stats().max_model_len
+    limit = server.app.state.client.engine.stats().max_model_len
     question = {"model": model, "messages": QUESTION}
     cases = [  # (path, body, param, code)
         ("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": limit}, "max_tokens",
@@ -237,14 +243,14 @@ def test_the_engines_rejections_become_400s_naming_this_requests_field(server, m
 
 
 def test_models_advertises_the_engines_limit(client, server):
-    stats = server.app.state.llm.engine.stats()
+    stats = server.app.state.client.engine.stats()
     assert client.models.list().data[0].model_extra["max_model_len"] == stats.max_model_len
-    assert stats.max_model_len == min(server.app.state.llm.model.config.context_length,
+    assert stats.max_model_len == min(server.app.state.client.engine.model.config.context_length,
                                       stats.num_blocks * stats.block_size)
 
 
 def test_an_engine_failure_mid_stream_reaches_the_client_as_an_error(client, model, server, monkeypatch):
-    engine = server.app.state.llm.engine
+    engine = server.app.state.client.engine
 
     def failing_step():
         raise RuntimeError("injected failure")
@@ -305,7 +311,7 @@ def leave_a_long_stream(url: str, model: str, while_streaming: Callable[[], None
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server, model):
-    engine = server.app.state.llm.engine
+    engine = server.app.state.client.engine
 
     def running():
         stats = engine.stats()
@@ -319,7 +325,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server, model):
 
 
 def test_a_full_waiting_queue_answers_503(server, model, monkeypatch):
-    async_engine, engine = server.app.state.engine, server.app.state.llm.engine
+    async_engine, engine = server.app.state.client, server.app.state.client.engine
     real_step, entered, gate = engine.step, threading.Event(), threading.Event()
 
     def held_step():  # the engine thread stops here until the test lets it go
@@ -422,8 +428,8 @@ def test_loadgen_measures_a_tiny_run(server, llm):
 
 def test_shutdown_finishes_in_flight_requests_then_stops_the_engine(smollm2_path, model):
     llm = LLM(smollm2_path, max_num_seqs=4, kv_cache_bytes=16 << 20)
-    server = BackgroundServer(create_app(llm)).start()
-    async_engine = server.app.state.engine
+    server = BackgroundServer(llm_app(llm)).start()
+    async_engine = server.app.state.client
     body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 5, "temperature": 0, "stream": True,
             "ignore_eos": True}
     with httpx.Client(base_url=server.url, timeout=None) as http:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.generation.sampling import SamplingParams
 from minillm.llm import LLM
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.serve.app import BackgroundServer, llm_app
 from tests.test_server import assert_all_blocks_free
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def plain(smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with BackgroundServer(create_app(LLM(smollm2_path, max_num_seqs=8, speculative=NGRAM))) as server:
+    with BackgroundServer(llm_app(LLM(smollm2_path, max_num_seqs=8, speculative=NGRAM))) as server:
         yield server
 
 
@@ -52,7 +52,7 @@ def test_streamed_chat_equals_plain_decoding_and_drafts_were_kept(client, model,
     assert "".join(c.choices[0].delta.content or "" for c in content) == want.text
     assert [c.choices[0].finish_reason for c in content if c.choices[0].finish_reason] == [want.finish_reason]
     assert usage.usage.completion_tokens == len(want.token_ids)
-    stats = server.app.state.llm.engine.stats()
+    stats = server.app.state.client.engine.stats()
     assert stats.spec_decode_num_accepted_tokens > 0.5 * stats.spec_decode_num_draft_tokens > 0  # a copy: mostly kept
     assert_all_blocks_free(server)
 
@@ -99,7 +99,7 @@ def test_n_greedy_choices_each_equal_plain_decoding(client, model, server, copie
                                       extra_body={"ignore_eos": True})
     assert sorted(c.index for c in whole.choices) == [0, 1]
     want = copied.token_ids[:16]
-    assert [c.text for c in whole.choices] == [server.app.state.llm.tokenizer.decode(want)] * 2
+    assert [c.text for c in whole.choices] == [server.app.state.tokenizer.decode(want)] * 2
     assert whole.usage.completion_tokens == 2 * 16
     assert_all_blocks_free(server)
 
@@ -117,7 +117,7 @@ def test_metrics_count_drafts_under_vllms_names(server):
     text = httpx.get(server.url + "/metrics").text
     samples = {(s.name, s.labels.get("position")): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
-    stats = server.app.state.llm.engine.stats()
+    stats = server.app.state.client.engine.stats()
     assert samples["minillm:spec_decode_num_drafts_total", None] == stats.spec_decode_num_drafts > 0
     assert samples["minillm:spec_decode_num_draft_tokens_total", None] == stats.spec_decode_num_draft_tokens
     assert samples["minillm:spec_decode_num_accepted_tokens_total", None] == stats.spec_decode_num_accepted_tokens

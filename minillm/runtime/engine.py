@@ -31,10 +31,10 @@ from minillm.generation.constrained import TokenIndex, constraint_index, min_tok
 from minillm.generation.constrained.grammar_mask import GrammarIndex
 from minillm.generation.output import CompletionOutput, OutputBuilder
 from minillm.generation.sampling import Sampler, SamplingParams, TokenLogprobs
-from minillm.generation.stop import check_stop_strings
 from minillm.generation.tokenizer import Tokenizer
 from minillm.model.transformer import Model
 from minillm.runtime.block_manager import BlockManager
+from minillm.runtime.config import EngineConfig, EngineLimits
 from minillm.runtime.errors import CONTEXT_LENGTH_EXCEEDED, RequestRejected
 from minillm.runtime.model_runner import ModelRunner
 from minillm.runtime.paged_cache import bytes_per_token
@@ -160,16 +160,19 @@ StepObserver = Callable[[StepPlan, list[StepOutput]], None]
 class LLMEngine:
     """A model, a tokenizer, a paged KV cache of ``kv_cache_bytes`` and a continuous-batching scheduler."""
 
-    def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache_bytes: int | None = None,
-                 block_size: int = 16, max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 jump_forward: bool = True, speculative: dict | None = None, max_n: int | None = None,
-                 max_model_len: int | None = None, tensor_parallel: TensorParallelGroup | None = None):
-        """``jump_forward``: append the tokens a structured-output constraint forces without a forward each.
-        ``kv_cache_bytes`` None: ``default_kv_cache_bytes()``. ``max_n``: the most completions one request
-        may ask for (None: ``max_num_seqs``, since a request's n sequences run side by side).
-        ``max_model_len``: a shorter limit on prompt + completion than the context and the KV cache allow.
-        ``tensor_parallel``: the group whose rank 0 ``model`` is (its shard); ``kv_cache_bytes`` is then
-        each rank's budget."""
+    def __init__(self, model: Model, tokenizer: Tokenizer, config: EngineConfig | None = None,
+                 tensor_parallel: TensorParallelGroup | None = None, **options):
+        """``config``: the engine's fields of an ``EngineConfig`` (``options``, its field names, replace
+        them: ``LLMEngine(model, tokenizer, max_num_seqs=4)``). ``jump_forward``: append the tokens a
+        structured-output constraint forces without a forward each. ``kv_cache_bytes`` None:
+        ``default_kv_cache_bytes()``. ``max_n``: the most completions one request may ask for (None:
+        ``max_num_seqs``, since a request's n sequences run side by side). ``max_model_len``: a shorter
+        limit on prompt + completion than the context and the KV cache allow. ``tensor_parallel``: the
+        group whose rank 0 ``model`` is (its shard); ``kv_cache_bytes`` is then each rank's budget."""
+        self.config = c = EngineConfig.create(config, **options)
+        kv_cache_bytes, block_size, max_num_seqs = c.kv_cache_bytes, c.block_size, c.max_num_seqs
+        max_num_batched_tokens, jump_forward, speculative = c.max_num_batched_tokens, c.jump_forward, c.speculative
+        max_n, max_model_len = c.max_n, c.max_model_len
         if max_n is not None and max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {max_n}")
         self.model, self.tokenizer = model, tokenizer
@@ -187,6 +190,7 @@ class LLMEngine:
             raise ValueError(f"max_model_len must be in [1, {longest}] (the context this model and KV cache hold), "
                              f"got {max_model_len}")
         self.max_model_len = longest if max_model_len is None else max_model_len
+        self.limits = EngineLimits(self.max_model_len, self.max_n, max_num_seqs, block_size, tokenizer.vocab_size)
         # speculative: vLLM's speculative_config, e.g. {"method": "ngram", "num_speculative_tokens": 4}
         self.speculative = None if speculative is None else SpeculativeDecoder(
             SpeculativeConfig.from_dict(speculative), model.config.n_layers, self.max_model_len)
@@ -228,7 +232,7 @@ class LLMEngine:
         self.check_params(params)
         if not prompt_ids:
             raise RequestRejected("prompt is empty: give at least one token", "prompt")
-        self._check_vocabulary(prompt_ids, "prompt")
+        self.limits.check_vocabulary(prompt_ids, "prompt")
         limit, prompt_len = self.max_model_len, len(prompt_ids)
         if prompt_len >= limit:
             raise RequestRejected(f"This model's maximum context length is {limit} tokens. However, your prompt "
@@ -241,22 +245,10 @@ class LLMEngine:
                                   f"or completion.", "max_tokens", CONTEXT_LENGTH_EXCEEDED)
 
     def check_params(self, params: SamplingParams) -> None:
-        """The checks that need no prompt. A caller may run them before it tokenizes anything (the
-        server does), so that a request asking for too much costs nothing: they read only limits
-        fixed when the engine was built, which makes them safe from any thread."""
-        self._check_vocabulary(params.stop_token_ids, "stop_token_ids")
-        if params.n > self.max_n:  # a request's n sequences run side by side
-            raise RequestRejected(f"n = {params.n} exceeds this engine's limit of {self.max_n} completions per "
-                                  f"request (max_n; max_num_seqs = {self.scheduler.max_num_seqs})", "n")
-        try:
-            check_stop_strings(params.stop)
-        except ValueError as e:
-            raise RequestRejected(str(e), "stop") from None
-
-    def _check_vocabulary(self, ids: list[int], param: str) -> None:
-        if bad := [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]:
-            raise RequestRejected(f"{param} holds token ids outside the vocabulary "
-                                  f"[0, {self.tokenizer.vocab_size}): {bad[:5]}", param)
+        """The checks that need no prompt (``EngineLimits.check_params``). A caller may run them before
+        it tokenizes anything (the server does), so that a request asking for too much costs nothing:
+        they read only limits fixed when the engine was built, which makes them safe from any thread."""
+        self.limits.check_params(params)
 
     def constraint_index(self, params: SamplingParams) -> TokenIndex | GrammarIndex | None:
         """The structured-output index of the request's constraint (None: it has none), compiled within

@@ -72,75 +72,19 @@ from minillm.generation.constrained import TokenIndex
 from minillm.generation.sampling import SamplingParams
 from minillm.runtime.engine import FINISH_ERROR, EngineStats, LLMEngine, StepOutput
 from minillm.runtime.errors import RequestRejected
+from minillm.serve.client import ACCEPTED, SHUTTING_DOWN, EngineFailure, RequestStream, RequestTimedOut
 from minillm.serve.errors import APIError
 from minillm.serve.metrics import ServerMetrics, StatsLogger
 
 log = logging.getLogger("minillm.serve")
 
-ACCEPTED = "accepted"  # the engine took the request: the first item on its queue
 COMPILE_NICE = 19      # the compile thread's nice value: the lowest priority
-
-
-class EngineFailure(Exception):
-    """The engine failed while the request was in flight (or the server is shutting down)."""
-    status = 500
-
-
-class RequestTimedOut(EngineFailure):
-    """The request ran past the server's ``request_timeout``: aborted, its blocks freed."""
-    status = 504
 
 
 class RequestFailed(EngineFailure):
     """The engine ended one of the request's sequences with an error of the request's own making
     (``FINISH_ERROR``: its constraint left no token); the other requests run on."""
     status = 400
-
-
-class RequestStream:
-    """The HTTP side of one request: ``async for outputs in stream`` yields its tokens of each step."""
-
-    def __init__(self, request_id: str, n: int, num_prompt_tokens: int, owner: AsyncEngine):
-        self.request_id, self.n, self.owner = request_id, n, owner
-        self.num_prompt_tokens = num_prompt_tokens
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.num_finished = 0
-        self.done = False
-
-    def put(self, item) -> None:
-        """From the engine thread: hand an item to the event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
-
-    async def accepted(self) -> None:
-        """Wait for the engine's answer to the request: accepted, or the RequestRejected it raised."""
-        item = await self.queue.get()
-        if isinstance(item, Exception):
-            self.done = True
-            raise item
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> list[StepOutput]:
-        if self.done:
-            raise StopAsyncIteration
-        item = await self.queue.get()
-        if isinstance(item, Exception):
-            self.done = True
-            raise item
-        self.num_finished += sum(out.finished for out in item)
-        self.done = self.num_finished == self.n
-        return item
-
-    def close(self) -> None:
-        """The caller is done with the request: if it is still running, abort it."""
-        if not self.done:
-            self.done = True
-            self.owner.abort(self.request_id)
 
 
 @dataclass
@@ -165,6 +109,8 @@ def lower_priority() -> None:
 
 
 class AsyncEngine:
+    """An ``EngineClient`` (``client.py``): one ``LLMEngine`` in a thread of its own (module docstring)."""
+
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int = 128,
                  log_interval: float = 10.0, request_timeout: float | None = None,
                  max_request_tokens: int | None = None, max_queued_tokens: int | None = None):
@@ -229,7 +175,7 @@ class AsyncEngine:
                                       f"this server's limit per request ({self.max_request_tokens}); lower n or "
                                       f"max_tokens", "max_tokens")
         index = await self.compiled(params)
-        stream = RequestStream(request_id, params.n, len(prompt_ids), self)
+        stream = RequestStream(request_id, params.n, len(prompt_ids), self.abort)
         with self.wakeup:
             if not self.alive:
                 raise APIError(503, "the engine is not running (the server is shutting down)")
@@ -262,6 +208,10 @@ class AsyncEngine:
         """The engine's checks that need no prompt (``LLMEngine.check_params``: fixed limits only, so
         safe from the event loop), for a handler to run before it does any work for the request."""
         self.engine.check_params(params)
+
+    async def stats(self) -> list[EngineStats]:
+        """The engine's snapshot after its latest step (the engine thread hands it to the metrics)."""
+        return [self.metrics.engine_stats.stats]
 
     def count_waiting(self) -> None:
         """Under ``wakeup``: the requests that will wait, from the last step's figures and the adds since."""
@@ -307,7 +257,7 @@ class AsyncEngine:
             if commands:
                 self.refresh_load()  # the step may be long: the new requests count from now
             if stopping:
-                self.fail_all("the server is shutting down")
+                self.fail_all(SHUTTING_DOWN)
                 return
             stepped_cleanly = self.step() if self.engine.has_unfinished() else True
             if stepped_cleanly and self.probation and self.on_probation is None and not self.newcomers:

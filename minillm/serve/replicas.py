@@ -3,13 +3,17 @@
 Each replica is a whole engine - the model, its own paged KV cache and prefix cache, its engine
 thread (``AsyncEngine``) - in a Ray actor of its own, deployed by Ray Serve as one deployment per
 replica. In front, in this process, the app of ``minillm serve`` (``create_app``: the same routes,
-keys and limits, not a copy) tokenizes, checks, and hands each request to ``ReplicaSet``, which
-takes the ``AsyncEngine``'s place: it asks a policy of ``router.py`` for a replica and streams that
-replica's tokens back through Ray Serve's handle (``handle.options(stream=True)``):
+keys and limits, not a copy) tokenizes, checks, and hands each request to ``ReplicaSet``, the
+``EngineClient`` (``client.py``) of the replicas: it asks a policy of ``router.py`` for a replica
+and streams that replica's tokens back through Ray Serve's handle (``handle.options(stream=True)``):
 
     client --HTTP--> routes (tokenize, check) --> ReplicaSet.submit --policy.choose(prompt, loads)-->
         replica-i.generate (Ray Serve streaming call) --> its AsyncEngine --> its LLMEngine
-    each step's StepOutputs <-- yielded back, as from a local engine thread
+    each step's StepOutputs <-- yielded back, put on the request's RequestStream by a task of the front
+
+The front holds no model: the tokenizer (with the chat template) read from the model file, and
+the limits (``EngineLimits``) the replicas' engines report. Its prompt-free checks are those
+limits' ``check_params``, the very code each engine runs.
 
 Why not Ray Serve's own ``RequestRouter`` (alpha in 2.60, ``request_router_config``): it would
 plug the same policy in, but the replicas' figures reach it through the controller on a polling
@@ -19,15 +23,18 @@ replica runs or queues), and ``stats()`` asks each replica for its ``EngineStats
 
 Errors cross the actor boundary as values (``Refusal``): the engine's ``RequestRejected`` becomes
 the same 400 naming the same field, a full queue the same 503, a failure mid-stream the same error
-event. A client that leaves cancels the Ray call, and the replica aborts the request. ``/metrics``
-of the front is the front's own (its engine idles); each replica's figures come from ``stats()``.
+event. A client that leaves cancels the Ray call, and the replica aborts the request; ``stop()``
+(the drain deadline) ends every stream in flight with the single engine's error event and
+cancels its call. ``/metrics`` of the front is the front's own (no engine steps there); each
+replica's figures come from ``stats()``.
 
-    with Replicas(model, num_replicas=2, routing="cache-aware") as replicas:
+    with Replicas(EngineConfig(model), ServerConfig(replicas=2, routing="cache-aware")) as replicas:
         with BackgroundServer(replicas.app) as server: ...      # an OpenAI endpoint at server.url
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -38,12 +45,14 @@ import httpx
 import numpy as np
 
 from minillm.generation.sampling import SamplingParams
-from minillm.llm import LLM
-from minillm.runtime.engine import EngineStats, StepOutput
+from minillm.llm import LLM, load_tokenizer, model_path
+from minillm.runtime.config import EngineConfig, EngineLimits
+from minillm.runtime.engine import EngineStats
 from minillm.runtime.errors import RequestRejected
-from minillm.serve import auth, body_limit, shutdown
-from minillm.serve.app import GRACEFUL_SHUTDOWN_S, BackgroundServer, create_app, served_model_name
-from minillm.serve.async_engine import ACCEPTED, AsyncEngine, EngineFailure
+from minillm.serve import auth, shutdown
+from minillm.serve.app import BackgroundServer, create_app, local_client, served_model_name
+from minillm.serve.client import ACCEPTED, SHUTTING_DOWN, EngineFailure, RequestStream
+from minillm.serve.config import ServerConfig
 from minillm.serve.errors import APIError
 from minillm.serve.loadgen import RequestResult, build_prompts, send_request, send_times, summarize
 from minillm.serve.metrics import ServerMetrics
@@ -86,14 +95,12 @@ def internal_refusal(e: Exception) -> Refusal:
 class EngineReplica:
     """A whole engine in a Ray Serve replica; ``generate`` streams one request's step outputs."""
 
-    def __init__(self, model: str, threads: int, engine_args: dict, server_args: dict):
-        import numba
-
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # Ray sets OMP_NUM_THREADS itself
-        self.llm = LLM(model, **engine_args)
+    def __init__(self, config: EngineConfig, server: ServerConfig):
+        """``server``: the admission limits and the served name (``AsyncEngine``'s share of the config)."""
+        self.llm = LLM(config)  # config.threads sizes Numba's pool (Ray sets OMP_NUM_THREADS itself)
         self.llm.engine.commit_kv_cache()  # as `minillm serve`: the replica's memory is its size under load
-        self.metrics = ServerMetrics(served_model_name(self.llm), self.llm.engine.stats())
-        self.engine = AsyncEngine(self.llm.engine, self.metrics, **server_args)
+        name = server.served_model_name or served_model_name(self.llm.path)
+        self.engine = local_client(self.llm.engine, name, server)
         self.engine.start()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str):
@@ -124,61 +131,17 @@ class EngineReplica:
 
     def stats(self) -> EngineStats:
         """The engine's snapshot after its latest step (read without touching the engine)."""
-        return self.metrics.engine_stats.stats
+        return self.engine.metrics.engine_stats.stats
+
+    def limits(self) -> EngineLimits:
+        return self.llm.engine.limits
 
     def __del__(self):
         self.engine.stop()
 
 
 # -----------------------------------------------------------------------------------------------
-# The front: what the routes see as ``app.state.engine``
-
-
-class ReplicaStream:
-    """One request on one replica, as the routes see a ``RequestStream``: ``async for`` its step
-    outputs; ``close()`` cancels the call (the replica aborts the request)."""
-
-    def __init__(self, responses, on_done):
-        self.responses, self.on_done, self.done = responses, on_done, False
-
-    async def first(self) -> None:
-        """The replica's answer to the request: accepted, or the exception it was refused with."""
-        await self.__anext__()
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> list[StepOutput]:
-        if self.done:
-            raise StopAsyncIteration
-        try:
-            item = await self.responses.__anext__()
-        except StopAsyncIteration:
-            self.finish()
-            raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the replica's process died, or Ray could not reach it
-            self.finish()
-            # Ray's message is a traceback (paths, pid, ip, actor id, colours): the log gets it, the client
-            # one sentence, as the single engine would say it
-            log.warning("a replica call failed: %s", e)
-            raise EngineFailure(f"the replica serving this request failed ({ray_error_name(e)}); retry the "
-                                f"request") from None
-        if isinstance(item, Refusal):
-            self.finish()
-            raise item.exception()
-        return item
-
-    def finish(self) -> None:
-        if not self.done:
-            self.done = True
-            self.on_done()
-
-    def close(self) -> None:
-        if not self.done:
-            self.responses.cancel()
-            self.finish()
+# The front: the replicas as one EngineClient
 
 
 def ray_error_name(e: Exception) -> str:
@@ -186,16 +149,24 @@ def ray_error_name(e: Exception) -> str:
     return type(e).__name__.split("(")[0]
 
 
-class ReplicaSet:
-    """The replicas' handles and a routing policy, in the place of the ``AsyncEngine`` (same methods)."""
+@dataclass
+class ReplicaCall:
+    """One request in flight on one replica: its stream, the Ray call, the task that reads it."""
+    stream: RequestStream
+    responses: object   # Ray Serve's DeploymentResponseGenerator
+    reader: asyncio.Task
 
-    def __init__(self, handles: list, llm: LLM, routing: str):
-        self.handles, self.llm = handles, llm
-        limits = llm.engine.stats()
+
+class ReplicaSet:
+    """The replicas' handles and a routing policy: an ``EngineClient`` (``client.py``)."""
+
+    def __init__(self, handles: list, limits: EngineLimits, routing: str, metrics: ServerMetrics):
+        self.handles, self.limits, self.metrics = handles, limits, metrics
         self.policy = make_policy(routing, limits.block_size)
-        self.max_model_len = limits.max_model_len
         self.in_flight = [0] * len(handles)  # each replica's load: requests sent there and not finished
         self.routed = [0] * len(handles)     # cumulative: requests sent to each replica
+        self.calls: dict[str, ReplicaCall] = {}  # event loop only
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one the calls run on (set by submit)
         self.stopping = False
         self.on_death = None                 # shutdown.serve sets it; Ray Serve restarts a replica that dies
 
@@ -203,35 +174,80 @@ class ReplicaSet:
     def alive(self) -> bool:
         return not self.stopping
 
+    def start(self) -> None:
+        """Nothing to start here: the replicas run already (``Replicas``)."""
+
     def stop(self) -> None:
-        """New requests get a 503. (Unlike ``AsyncEngine.stop`` it does not end the streams in flight:
-        those end when ``Replicas.shutdown`` deletes the replicas, or are cancelled by uvicorn.)"""
+        """New requests get a 503; each request in flight ends with the single engine's error (its
+        client gets an error event and [DONE]) and its Ray call is cancelled (the replica aborts it).
+        From any thread (the drain deadline calls it from one of its own)."""
         self.stopping = True
+        if self.loop is None or self.loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self.end_all()
+        else:
+            self.loop.call_soon_threadsafe(self.end_all)
+
+    def end_all(self) -> None:
+        for request_id, call in list(self.calls.items()):
+            call.stream.put(EngineFailure(SHUTTING_DOWN))
+            self.abort(request_id)
 
     def check_params(self, params: SamplingParams) -> None:
-        """The engine's checks that need no prompt: the replicas run the same engine, so the local one answers."""
-        self.llm.engine.check_params(params)
+        """The engine's checks that need no prompt: the replicas' limits, so the very same code."""
+        self.limits.check_params(params)
 
     async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                     arrival: float) -> ReplicaStream:
+                     arrival: float) -> RequestStream:
         """Route the request, start it there; returns once that replica accepted it (raises as
         ``AsyncEngine.submit`` does: RequestRejected, APIError 503)."""
         if self.stopping:
             raise APIError(503, "the engine is not running (the server is shutting down)")
+        self.loop = asyncio.get_running_loop()
         replica = self.policy.choose(prompt_ids, self.in_flight)
         self.in_flight[replica] += 1
         self.routed[replica] += 1
-
-        def done():
-            self.in_flight[replica] -= 1
         responses = self.handles[replica].options(stream=True).generate.remote(prompt_ids, params, request_id)
-        stream = ReplicaStream(responses, done)
+        stream = RequestStream(request_id, params.n, len(prompt_ids), self.abort)
+        reader = asyncio.ensure_future(self.read(replica, responses, stream))
+        self.calls[request_id] = ReplicaCall(stream, responses, reader)
         try:
-            await stream.first()
+            await stream.accepted()
         except asyncio.CancelledError:  # the client left before the replica answered
             stream.close()
             raise
         return stream
+
+    async def read(self, replica: int, responses, stream: RequestStream) -> None:
+        """The replica's items onto the request's stream, until it ends, fails or is cancelled."""
+        try:
+            async for item in responses:
+                if isinstance(item, Refusal):
+                    stream.put(item.exception())
+                    return
+                stream.put(item)
+        except asyncio.CancelledError:  # abort(): the stream is closed or ended already
+            raise
+        except Exception as e:  # the replica's process died, or Ray could not reach it
+            # Ray's message is a traceback (paths, pid, ip, colours, actor id): the log gets it, the
+            # client one sentence, as the single engine would say it
+            log.warning("a replica call failed: %s", e)
+            stream.put(EngineFailure(f"the replica serving this request failed ({ray_error_name(e)}); retry the "
+                                     f"request"))
+        finally:
+            self.in_flight[replica] -= 1
+            self.calls.pop(stream.request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel the request's Ray call (the replica aborts it and frees its blocks). On the event loop."""
+        if (call := self.calls.get(request_id)) is not None:
+            call.responses.cancel()
+            call.reader.cancel()
 
     async def stats(self) -> list[EngineStats]:
         """Each replica's latest ``EngineStats`` (load, KV cache, prefix-cache counters), in order."""
@@ -266,50 +282,49 @@ def start_ray(num_cpus: int, dashboard: bool = False) -> None:
 
 
 class Replicas:
-    """``num_replicas`` engines of ``threads`` threads each on Ray Serve, and ``app``: the OpenAI routes
-    in front of them, routing by ``routing`` (see ``router.POLICIES``). ``app_options`` go to
-    ``create_app`` (API key, body limit, origins ...); ``engine_args`` to each replica's ``LLM``;
-    ``ray_dashboard``: start Ray's dashboard (``start_ray``)."""
+    """``server.replicas`` engines (default 2) of ``engine.threads`` threads each (default 1) on Ray
+    Serve, and ``app``: the OpenAI routes in front of them, routing by ``server.routing`` (default
+    cache-aware; see ``router.POLICIES``). Each replica's ``LLM`` gets ``engine``; the front reads only
+    the model's tokenizer. ``server.ray_dashboard``: start Ray's dashboard (``start_ray``)."""
 
-    def __init__(self, model: str | Path | None = None, num_replicas: int = 2, routing: str = "cache-aware",
-                 threads: int = 1, max_waiting: int = 128, request_timeout: float | None = None,
-                 max_request_tokens: int | None = None, max_queued_tokens: int | None = None,
-                 app_options: dict | None = None, ray_dashboard: bool = False, **engine_args):
+    def __init__(self, engine: EngineConfig = EngineConfig(), server: ServerConfig = ServerConfig()):
+        num_replicas = 2 if server.replicas is None else server.replicas
+        threads, self.routing = engine.threads or 1, server.routing or "cache-aware"
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        make_policy(routing)  # a bad name fails before anything starts
+        make_policy(self.routing)  # a bad name fails before anything starts
         try:
             from ray import serve
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(f"replicas run on Ray Serve, which is not installed ({e}): "
                                       f"pip install 'ray[serve]' (make install does)") from None
-        self.llm = LLM(model, **engine_args)  # the front's tokenizer and checks; it never steps
-        start_ray(num_cpus=num_replicas * threads, dashboard=ray_dashboard)
+        self.path = model_path(engine.model)
+        self.tokenizer = load_tokenizer(self.path)  # the front's whole share of the model
+        engine = dataclasses.replace(engine, model=str(self.path), threads=threads)
+        start_ray(num_cpus=num_replicas * threads, dashboard=server.ray_dashboard)
         serve.start(proxy_location="Disabled")  # the endpoint is ours (uvicorn), not Serve's HTTP proxy
         deployment = serve.deployment(EngineReplica, ray_actor_options={"num_cpus": threads},
-                                      max_ongoing_requests=max_waiting + engine_args.get("max_num_seqs", 32),
+                                      max_ongoing_requests=server.max_waiting + engine.max_num_seqs,
                                       graceful_shutdown_wait_loop_s=0.2)  # Serve's 2 s: seconds per deletion
-        server_args = {"max_waiting": max_waiting, "request_timeout": request_timeout,
-                       "max_request_tokens": max_request_tokens, "max_queued_tokens": max_queued_tokens}
-        apps = [deployment.options(name=f"replica-{i}").bind(str(self.llm.path), threads, engine_args, server_args)
-                for i in range(num_replicas)]
+        name = server.served_model_name or served_model_name(self.path)
+        admission = ServerConfig(served_model_name=name, **server.admission())  # no API key crosses to the actors
+        apps = [deployment.options(name=f"replica-{i}").bind(engine, admission) for i in range(num_replicas)]
         self.app_names = [f"minillm-replica-{i}" for i in range(num_replicas)]
         handles = serve.run_many([serve.RunTarget(app, name, route_prefix=None)  # all start at once
                                   for app, name in zip(apps, self.app_names)])
-        self.replicas = ReplicaSet(handles, self.llm, routing)
-        # The one-process app, whole (routes, API keys, limits, access log), with the replicas in the
-        # engine's place: the routes find the engine in app.state. Its own engine thread, started by the
-        # app's lifespan, sleeps: no request reaches it.
-        self.app = create_app(self.llm, **server_args, **(app_options or {}))
-        self.app.state.engine = self.replicas
+        # every replica runs the same config on the same model: the first one's limits are all of theirs
+        self.limits = handles[0].limits.remote().result()
+        metrics = ServerMetrics(name, handles[0].stats.remote().result())  # the front's own series
+        self.replicas = ReplicaSet(handles, self.limits, self.routing, metrics)
+        # the one-process app, whole (routes, API keys, limits, access log), with the replicas as its client
+        self.app = create_app(self.replicas, self.tokenizer, self.limits, name, server)
 
     def shutdown(self) -> None:
-        """Delete the replicas (Ray and Serve's controller stay up for the next ``Replicas``)."""
+        """End what is in flight, delete the replicas (Ray and Serve's controller stay up for the next
+        ``Replicas``)."""
         from ray import serve
 
-        self.replicas.stopping = True
+        self.replicas.stop()
         for name in self.app_names:
             serve.delete(name)
 
@@ -369,16 +384,17 @@ async def warm_up(replicas: ReplicaSet) -> None:
 
 
 async def measure_routing(routing: str, workload: SharedPrefixWorkload, num_replicas: int = 2, threads: int = 1,
-                          model: str | Path | None = None, **engine_args) -> dict:
+                          model: str | Path | None = None, **engine_options) -> dict:
     """Fresh replicas, ``workload`` through the HTTP endpoint: loadgen's figures (TTFT, throughput ...),
     the prefix-cache hit rate over the replicas (prompt tokens found cached / looked up) and the
     requests each replica got. A coroutine, so that a notebook can await it (starting and deleting
     the replicas block it for seconds: nothing else runs on its loop meanwhile)."""
-    with Replicas(model, num_replicas, routing, threads, **engine_args) as replicas, \
+    engine = EngineConfig.create(model=model, threads=threads, **engine_options)
+    with Replicas(engine, ServerConfig(replicas=num_replicas, routing=routing)) as replicas, \
             BackgroundServer(replicas.app) as server:
         await warm_up(replicas.replicas)
         before, routed = await replicas.replicas.stats(), list(replicas.replicas.routed)
-        prompts = workload.prompts(replicas.llm.tokenizer)
+        prompts = workload.prompts(replicas.tokenizer)
         summary = await send_workload(server.url, replicas.app.state.model_name, prompts, workload.output_len,
                                       workload.request_rate, workload.seed)
         after = await replicas.replicas.stats()
@@ -389,23 +405,14 @@ async def measure_routing(routing: str, workload: SharedPrefixWorkload, num_repl
             "prefix_cache_hit_rate": hits / queries, "requests_per_replica": per_replica, **summary}
 
 
-def main(num_replicas: int = 2, routing: str = "cache-aware", threads: int = 1, host: str = "127.0.0.1",
-         port: int = 8000, model: str | None = None, max_waiting: int = 128, request_timeout: float | None = 600.0,
-         max_request_tokens: int | None = 32768, max_queued_tokens: int | None = 16384,
-         api_key: str | None = None, protect_metrics: bool = False,
-         model_name: str | None = None, max_body_bytes: int | None = body_limit.DEFAULT_MAX_BODY_BYTES,
-         allowed_origins: list[str] = (), enable_docs: bool = False, drain_timeout: float = GRACEFUL_SHUTDOWN_S,
-         log_level: str = "info", allowed_hosts: list[str] | None = None, ray_dashboard: bool = False,
-         **engine_args) -> int:
+def main(engine: EngineConfig = EngineConfig(), server: ServerConfig = ServerConfig()) -> int:
     """``minillm serve --replicas N``: ``app.main`` with N replicas behind the routes (same options)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    api_key = auth.resolve_api_key(api_key, protect_metrics)  # a bad combination fails before anything starts
-    app_options = dict(model_name=model_name, api_key=api_key, protect_metrics=protect_metrics,
-                       max_body_bytes=max_body_bytes, allowed_origins=allowed_origins, enable_docs=enable_docs,
-                       allowed_hosts=allowed_hosts)
-    with Replicas(model, num_replicas, routing, threads, max_waiting, request_timeout, max_request_tokens,
-                  max_queued_tokens, app_options, ray_dashboard, **engine_args) as replicas:
-        url = f"http://{host}:{port}"
-        print(f"minillm serving {replicas.app.state.model_name} at {url}/v1 from {num_replicas} replicas on Ray "
-              f"Serve ({threads} thread(s) each, {routing} routing). Ctrl-C stops it.", flush=True)
-        return shutdown.serve(replicas.app, host, port, drain_timeout, log_level)
+    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # a bad combination fails before anything starts
+    server = dataclasses.replace(server, api_key=auth.resolve_api_key(server.api_key, server.protect_metrics))
+    with Replicas(engine, server) as replicas:
+        url = f"http://{server.host}:{server.port}"
+        print(f"minillm serving {replicas.app.state.model_name} at {url}/v1 from {len(replicas.app_names)} replicas "
+              f"on Ray Serve ({engine.threads or 1} thread(s) each, {replicas.routing} routing). "
+              f"Ctrl-C stops it.", flush=True)
+        return shutdown.serve(replicas.app, server.host, server.port, server.drain_timeout, server.log_level)

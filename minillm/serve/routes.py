@@ -7,13 +7,15 @@ in the context -> hand it to the engine thread, whose engine checks it against i
 (``RequestRejected`` -> 400 naming the field) or answers 503 when the waiting queue is full -> stream each step's new text back as SSE chunks, or gather it into one response. A
 client that disconnects aborts its request, which frees its KV blocks at once.
 
-``app.state`` holds: ``engine`` (the ``AsyncEngine``), ``metrics``, ``llm``, ``model_name``,
-``created`` (Unix time), ``limits`` (the engine's ``stats()`` when the app was made) and
-``tokenizing`` (a semaphore: one prompt is tokenized at a time, see ``tokenized``).
+``app.state`` holds: ``client`` (the ``EngineClient``), ``metrics`` (the client's), ``tokenizer``
+(the model's, with its chat template), ``limits`` (the engine's ``EngineLimits``), ``model_name``,
+``created`` (Unix time) and ``tokenizing`` (a semaphore: one prompt is tokenized at a time, see
+``tokenized``).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -26,9 +28,10 @@ from starlette.requests import ClientDisconnect
 
 from minillm.generation.sampling import SamplingParams
 from minillm.generation.tokenizer import TooManyTokens
+from minillm.llm import chat_prompt
 from minillm.runtime.errors import CONTEXT_LENGTH_EXCEEDED, RequestRejected
 from minillm.serve import access_log
-from minillm.serve.async_engine import EngineFailure, RequestStream
+from minillm.serve.client import EngineFailure, RequestStream
 from minillm.serve.errors import APIError, bad_request, error_body
 from minillm.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from minillm.serve.responses import ChatResponseBuilder, CompletionResponseBuilder, ResponseBuilder
@@ -48,7 +51,7 @@ async def completions(request: Request) -> Response:
     params = checked_params(request, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):  # special tokens written in a raw prompt are parsed, as vLLM does
-        prompt_ids = await tokenized(request, body, state.llm.tokenizer.encode, prompt)
+        prompt_ids = await tokenized(request, body, state.tokenizer.encode, prompt)
     else:
         prompt_ids = prompt
     return await generate(request, body, CompletionResponseBuilder, prompt_ids, params, arrival)
@@ -60,7 +63,7 @@ async def chat_completions(request: Request) -> Response:
     body = await checked_body(request, ChatCompletionRequest)
     messages = body.conversation()
     params = checked_params(request, body)
-    prompt_ids = await tokenized(request, body, state.llm.chat_prompt, messages)  # the chat template, then BPE
+    prompt_ids = await tokenized(request, body, functools.partial(chat_prompt, state.tokenizer), messages)  # template, BPE
     return await generate(request, body, ChatResponseBuilder, prompt_ids, params, arrival)
 
 
@@ -73,7 +76,7 @@ async def models(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    if not request.app.state.engine.alive:
+    if not request.app.state.client.alive:
         raise APIError(503, "the engine is not running")
     return JSONResponse({"status": "ok"})
 
@@ -135,7 +138,7 @@ def checked_params(request: Request, body: SamplingFields) -> SamplingParams:
     """The sampling parameters, through the engine's checks that need no prompt."""
     params = body.to_sampling_params()
     try:
-        request.app.state.engine.check_params(params)
+        request.app.state.client.check_params(params)
     except RequestRejected as e:
         raise body.rejection(e) from None
     return params
@@ -144,7 +147,7 @@ def checked_params(request: Request, body: SamplingFields) -> SamplingParams:
 async def tokenized(request: Request, body: SamplingFields, encode, prompt) -> list[int]:
     """``encode(prompt, max_tokens=...)`` off the event loop, stopped as soon as the prompt is too long
     for the context (``TooManyTokens``, raised before any BPE when the text alone is too long)."""
-    limit = request.app.state.engine.max_model_len
+    limit = request.app.state.limits.max_model_len
     try:
         # One prompt at a time: BPE is Python holding the GIL, and many threads of it at once would
         # starve the event loop (/health took seconds under 50 long prompts at once).
@@ -162,13 +165,13 @@ async def generate(request: Request, body: SamplingFields, builder_kind: type[Re
                    prompt_ids: list[int], params: SamplingParams, arrival: float) -> Response:
     """Submit to the engine thread; stream the response or gather it whole."""
     state = request.app.state
-    builder = builder_kind(state.model_name, state.llm.tokenizer, params.n, len(prompt_ids),
+    builder = builder_kind(state.model_name, state.tokenizer, params.n, len(prompt_ids),
                            params.logprobs is not None, body.include_usage)
     if isinstance(body, ChatCompletionRequest) and body.parses_tool_calls:
         builder.parse_tool_calls = True
     access_log.track(request, builder)
     try:
-        stream = await request.app.state.engine.submit(prompt_ids, params, builder.id, arrival)
+        stream = await state.client.submit(prompt_ids, params, builder.id, arrival)
     except RequestRejected as e:
         raise body.rejection(e) from None
     if body.stream:

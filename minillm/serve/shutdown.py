@@ -11,7 +11,8 @@ process stopped by SIGTERM (``docker stop``, systemd, Kubernetes) ends with stat
 0, and a second SIGTERM is ignored. ``DrainingServer`` keeps uvicorn's drain and replaces the
 signal handling. It also owns the deadline: at its own timeout uvicorn cancels the handlers' tasks,
 which cuts each stream mid-chunk (no error event, no ``[DONE]``) and logs a ``CancelledError``
-traceback per request. Instead, at ``drain_timeout`` the engine is stopped, which ends every
+traceback per request. Instead, at ``drain_timeout`` the engine client is stopped (``EngineClient.stop``:
+the engine thread, or every replica call), which ends every
 request still in flight with its error (an SSE error event then ``data: [DONE]``, or a JSON
 error); uvicorn's own cancellation waits ``FLUSH_S`` more, for clients that stopped reading.
 """
@@ -78,12 +79,12 @@ def serve(app, host: str, port: int, drain_timeout: float, log_level: str = "inf
         raise ValueError(f"drain_timeout must be >= 0 seconds, got {drain_timeout}")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,  # ours: access_log.py
                             timeout_graceful_shutdown=drain_timeout + FLUSH_S)
-    server, engine_died = DrainingServer(config, drain_timeout, app.state.engine.stop), []
+    server, engine_died = DrainingServer(config, drain_timeout, app.state.client.stop), []
 
     def stop_serving() -> None:  # from the engine thread: a dead engine must not sit behind a live port
         engine_died.append(True)
         server.should_exit = True
 
-    app.state.engine.on_death = stop_serving
+    app.state.client.on_death = stop_serving
     server.run()
     return 1 if engine_died else 0
