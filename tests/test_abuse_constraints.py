@@ -24,7 +24,8 @@ from minillm.generation.constrained.token_index import TokenIndex, TokenIndexCac
 from minillm.generation.sampling import Sampler, SamplingParams, SamplingState
 from minillm.generation.tokenizer import BYTE_TO_SYMBOL, Tokenizer
 from minillm.llm import LLM
-from minillm.serve.app import BackgroundServer, create_app
+from minillm.serve.app import BackgroundServer, llm_app
+from minillm.serve.config import ServerConfig
 
 REPEATS = "(?:(?:a{1000}){1000}){2}"       # 24 characters standing for two million
 PRINTABLE = "[ -~]{0,1000}"               # a thousand states that each allow most of the vocabulary
@@ -194,7 +195,7 @@ def llm(smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(llm):
-    with BackgroundServer(create_app(llm, log_interval=60.0)) as server:
+    with BackgroundServer(llm_app(llm, ServerConfig(log_interval=60.0))) as server:
         # the vocabulary trie and the walk's kernel load once, with the first constraint: not an attack's cost
         assert httpx.post(server.url + "/v1/completions", timeout=300, json={
             "model": server.app.state.model_name, "prompt": "Hi", "max_tokens": 2, "guided_regex": "[a-z ]{1,9}"
@@ -237,7 +238,7 @@ ATTACKS = {"counted repeats": ({"guided_regex": REPEATS}, "expanded_length"),
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_an_attack_is_refused_or_served_while_others_are_served(server, monkeypatch, attack):
     constraint, bound = ATTACKS[attack]
-    engine, model = server.app.state.llm.engine, server.app.state.model_name
+    engine, model = server.app.state.client.engine, server.app.state.model_name
     compiling, compiled = threading.Event(), threading.Event()
     real = engine.constraint_index
 
@@ -326,7 +327,7 @@ def test_a_sequence_left_without_a_token_fails_alone(server, llm):
     for lines in streams:                                             # before: both got the poison's error event
         assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines)
         assert json.loads(lines[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
-    stats = server.app.state.llm.engine.stats()
+    stats = server.app.state.client.engine.stats()
     assert stats.num_running == 0 and stats.kv_cache_usage == 0      # nothing leaked
 
 
