@@ -163,6 +163,16 @@ def test_stats_count_what_the_engine_did(parts, prompt_ids):
     assert stats.prefix_cache_queries == sum(len(ids) for ids in prompt_ids[:3]) + len(prompt_ids[0])
 
 
+def test_a_request_that_ends_at_its_first_token_lends_its_prompt_to_the_next(parts, prompt_ids):
+    """Its blocks are hashed before the token that finishes it frees them (they used to be freed unhashed)."""
+    engine, prompt = LLMEngine(*parts, block_size=4), [t for ids in prompt_ids for t in ids]   # several blocks
+    for _ in range(2):
+        engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1))
+        while engine.has_unfinished():
+            engine.step()
+    assert engine.stats().prefix_cache_hits == (len(prompt) - 1) // 4 * 4 > 0
+
+
 @pytest.mark.slow
 def test_observe_sees_every_plan_before_its_forward(parts, prompt_ids):
     engine = LLMEngine(*parts, max_num_seqs=2, max_num_batched_tokens=6)

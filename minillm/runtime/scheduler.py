@@ -229,6 +229,10 @@ class Scheduler:
         if seq is s.seq:
             seq.num_computed_tokens -= len(s.draft) - (len(tokens) - 1)   # rejected draft tokens: not computed
             seq.draft_ids = []
+        # Its full blocks become reusable now, before a token may finish it and free them (a request of
+        # max_tokens 1 would otherwise never lend its prompt to the next one); kept draft tokens are
+        # not in token_ids yet, so their blocks are hashed at the end, if it goes on.
+        self.block_manager.mark_computed(seq.seq_id, seq.token_ids, min(seq.num_computed_tokens, seq.num_tokens))
         outputs = []
         for token, lp in zip(tokens, logprobs):
             outputs.append(emitted := self._emit(seq, token, lp, emit))
