@@ -7,8 +7,8 @@ have tried). Grade your work with
         -m "ch09_sse_event or ch09_metric or ch09_stop_stream" --impl=exercises
 
 Task 1 (ch09_sse_event)    sse_event: one server-sent event carrying a JSON chunk
-Task 2 (ch09_metric)       request_latencies: TTFT, ITL, TPOT and E2E from a stream's timestamps
-Task 3 (ch09_stop_stream)  StopStringFilter: stream text without ever showing a stop string
+Task 2 (ch09_stop_stream)  StopStringFilter: stream text without ever showing a stop string
+Task 3 (ch09_metric)       request_latencies: TTFT, ITL, TPOT and E2E from a stream's timestamps
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def sse_event(payload: dict) -> str:
 
 
 # -----------------------------------------------------------------------------
-# Task 2: latency metrics from a stream's timestamps
+# Task 3: latency metrics from a stream's timestamps
 
 def request_latencies(sent: float, content_times: list[float], done: float, output_tokens: int) -> Latencies:
     """TTFT, ITL, TPOT and E2E of one streamed request, in seconds (vLLM's definitions).
@@ -78,11 +78,11 @@ def request_latencies(sent: float, content_times: list[float], done: float, outp
     Why TPOT and ITL differ: a server may pack several tokens into one chunk, so ITL sees one long
     gap where TPOT spreads the time over the tokens.
     """
-    raise NotImplementedError("chapter 9, task 2")
+    raise NotImplementedError("chapter 9, task 3")
 
 
 # -----------------------------------------------------------------------------
-# Task 3: a stop-string-aware stream
+# Task 2: a stop-string-aware stream
 
 class StopStringFilter:
     """Holds back the tail of the streamed text that might still grow into a stop string.
@@ -107,14 +107,14 @@ class StopStringFilter:
     """
 
     def __init__(self, stops: Sequence[str] = ()):
-        raise NotImplementedError("chapter 9, task 3")
+        raise NotImplementedError("chapter 9, task 2")
 
     @property
     def stopped(self) -> bool:
-        raise NotImplementedError("chapter 9, task 3")
+        raise NotImplementedError("chapter 9, task 2")
 
     def push(self, piece: str) -> str:
-        raise NotImplementedError("chapter 9, task 3")
+        raise NotImplementedError("chapter 9, task 2")
 
     def flush(self) -> str:
-        raise NotImplementedError("chapter 9, task 3")
+        raise NotImplementedError("chapter 9, task 2")
