@@ -25,7 +25,7 @@ from numba import cuda, float32, int32
 
 from minillm.kernels.cuda.basics import warp_sum
 from minillm.kernels.cuda.matmul_ladder import linear_gpu
-from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, launch, threads_for, to_gpu, to_host
 from minillm.kernels.quant_formats import QMatrix
 
 Q8_0, Q4_0, Q4_1 = 0, 1, 2
@@ -122,7 +122,7 @@ def dequantize_gpu(qm: GPUQMatrix):
     rows, cols = qm.shape
     out = empty_gpu((rows, cols))  # (rows, cols)
     grid = (blocks_for(cols, DEQUANT_BLOCK), blocks_for(rows, DEQUANT_BLOCK))
-    dequantize_kernel[grid, (DEQUANT_BLOCK, DEQUANT_BLOCK)](qm.data, qm.halves, qm.code, out)
+    launch(dequantize_kernel[grid, (DEQUANT_BLOCK, DEQUANT_BLOCK)], qm.data, qm.halves, qm.code, out)
     return out
 
 
@@ -133,7 +133,7 @@ def qlinear_gpu(x, qm: GPUQMatrix):
         return linear_gpu(x, dequantize_gpu(qm))
     out = empty_gpu((T, rows))  # (T, rows)
     grid = (blocks_for(rows, QMATVEC_WARPS), T)
-    qmatvec_kernel[grid, QMATVEC_WARPS * WARP](x, qm.data, qm.halves, qm.code, out)
+    launch(qmatvec_kernel[grid, QMATVEC_WARPS * WARP], x, qm.data, qm.halves, qm.code, out)
     return out
 
 
@@ -151,21 +151,21 @@ def _check_input(x: np.ndarray, qm: QMatrix, ndim: int) -> None:
 def dequantize(qm: QMatrix) -> np.ndarray:
     """QMatrix -> (rows, cols) float32, decoded on the GPU."""
     _check_qmatrix(qm)
-    return dequantize_gpu(GPUQMatrix(qm)).copy_to_host()
+    return to_host(dequantize_gpu(GPUQMatrix(qm)))
 
 
 def qmatvec(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (cols,) -> (rows,) = W @ x, straight from the packed blocks."""
     _check_qmatrix(qm)
     _check_input(x, qm, 1)
-    return qlinear_gpu(to_gpu(x[None]), GPUQMatrix(qm)).copy_to_host()[0]
+    return to_host(qlinear_gpu(to_gpu(x[None]), GPUQMatrix(qm)))[0]
 
 
 def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T: fused for T <= QMATVEC_MAX_T, else dequantize + tiled matmul."""
     _check_qmatrix(qm)
     _check_input(x, qm, 2)
-    return qlinear_gpu(to_gpu(x), GPUQMatrix(qm)).copy_to_host()
+    return to_host(qlinear_gpu(to_gpu(x), GPUQMatrix(qm)))
 
 
 def qembedding(ids: np.ndarray, qm: QMatrix) -> np.ndarray:
@@ -177,5 +177,5 @@ def qembedding(ids: np.ndarray, qm: QMatrix) -> np.ndarray:
         raise IndexError(f"token id {bad} is out of range for an embedding table of {qm.shape[0]} rows")
     gq = GPUQMatrix(qm)
     out = empty_gpu((ids.shape[0], qm.shape[1]))  # (T, cols)
-    qembedding_kernel[ids.shape[0], threads_for(qm.shape[1])](to_gpu(ids, np.int64), gq.data, gq.halves, gq.code, out)
-    return out.copy_to_host()
+    launch(qembedding_kernel[ids.shape[0], threads_for(qm.shape[1])], to_gpu(ids, np.int64), gq.data, gq.halves, gq.code, out)
+    return to_host(out)
