@@ -60,18 +60,34 @@ def load_tokenizer(path: Path) -> Tokenizer:
     return Tokenizer.from_hf_json(path) if path.is_dir() else Tokenizer.from_gguf(path)
 
 
+def check_device_request(device: str, backend: str, activations: str, tensor_parallel_size: int) -> None:
+    """A device other than the CPU, refused before anything loads if this machine or the options can't run it."""
+    from minillm.model.device import check_device  # numba.cuda loads only when a device is asked for
+
+    check_device(device)
+    if backend != "numba" or activations != "fp32" or tensor_parallel_size != 1:
+        raise ValueError(f"device={device!r} runs its own resident kernels with fp32 activations on one GPU: "
+                         f"leave backend, activations and tensor_parallel_size at their defaults "
+                         f"(got {backend!r}, {activations!r}, {tensor_parallel_size})")
+
+
 class LLM:
     """A model with its tokenizer, ready to generate."""
 
     def __init__(self, model: str | Path | None = None, backend: str = "numba", activations: str = "fp32",
-                 tensor_parallel_size: int = 1, **engine_args):
-        """``activations`` ("fp32" or "int8") is how the linear layers take their input;
+                 tensor_parallel_size: int = 1, device: str = "cpu", **engine_args):
+        """``device``: "cpu", or "cuda" for the whole model resident on the GPU (weights uploaded once,
+        the paged KV cache in device memory; ``backend`` is then the resident CUDA one; refused at
+        once, saying how to use the simulator, where neither a GPU nor NUMBA_ENABLE_CUDASIM=1 is).
+        ``activations`` ("fp32" or "int8") is how the linear layers take their input;
         ``tensor_parallel_size`` > 1 splits the model over that many processes (this one is rank 0;
         ``close()`` stops the others); ``engine_args`` go to ``LLMEngine``: kv_cache_bytes,
         block_size, max_num_seqs, max_num_batched_tokens, speculative (vLLM's speculative_config,
         e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``)."""
         if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}")
+        if device != "cpu":
+            check_device_request(device, backend, activations, tensor_parallel_size)
         self.path = Path(model) if model is not None else (cached_model_path() or fetch())
         self.tensor_parallel = None
         if tensor_parallel_size > 1:
@@ -79,6 +95,10 @@ class LLM:
 
             self.tensor_parallel = TensorParallelGroup(self.path, tensor_parallel_size, backend, activations)
             self.model = self.tensor_parallel.model  # rank 0's shard
+        elif device == "cuda":
+            from minillm.model.device import to_device
+
+            self.model = to_device(load_model(self.path, backend="reference"))  # the host copy is dropped
         else:
             self.model = load_model(self.path, backend=backend, activations=activations)
         try:

@@ -5,7 +5,7 @@ import numpy as np
 
 from minillm.model.transformer import Model
 from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache
+from minillm.runtime.paged_cache import DevicePagedKVCache, PagedAttentionMetadata, PagedKVCache
 from minillm.runtime.scheduler import ScheduledSeq
 
 
@@ -15,7 +15,9 @@ class ModelRunner:
     def __init__(self, model: Model, block_manager: BlockManager):
         self.model = model
         self.block_manager = block_manager
-        self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size, model.ops)
+        # A model resident on the GPU (minillm/model/device.py) gets its cache in device memory.
+        cache_class = DevicePagedKVCache if getattr(model, "device", "cpu") == "cuda" else PagedKVCache
+        self.cache = cache_class(model.config, block_manager.num_blocks, block_manager.block_size, model.ops)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[np.ndarray, PagedAttentionMetadata]:
         """The flat batch: each sequence's next ``num_new`` tokens, then its draft, back to back.

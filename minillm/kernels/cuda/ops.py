@@ -189,6 +189,15 @@ def swiglu_kernel(gate, up, out):
         out[i] = _silu(gate[i]) * up[i]  # fused: one read of each input, one write
 
 
+@cuda.jit
+def swiglu_rows_kernel(gate, up, out):
+    """gate, up (T, F), any strides (column halves of one (T, 2F) array) -> out (T, F)."""
+    n = cuda.grid(1)
+    F = out.shape[1]
+    if n < out.shape[0] * F:
+        out[n // F, n % F] = _silu(gate[n // F, n % F]) * up[n // F, n % F]
+
+
 def silu_gpu(x):
     """x (n,) device array -> (n,) device array silu(x)."""
     out = empty_gpu(x.shape[0])  # (n,)
