@@ -38,7 +38,7 @@ def _generate(args) -> int:
     from minillm.llm import LLM
 
     params = _sampling_params(args)  # a bad value fails here, before the model loads
-    llm = LLM(args.model, activations=args.activations, speculative=args.speculative_config)
+    llm = LLM(args.model, activations=args.activations, speculative=args.speculative_config, device=args.device)
     for piece in llm.stream(args.prompt, params):
         print(piece, end="", flush=True)
     print()
@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_activations(p)
         if name == "generate":
             _add_speculative(p)
+            p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                           help="cuda: the whole model on the GPU (or NUMBA_ENABLE_CUDASIM=1 for the simulator)")
         p.set_defaults(run=_generate if name == "generate" else _chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (SSE streaming, /metrics)")

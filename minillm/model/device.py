@@ -9,6 +9,8 @@ wv, w_gate, w_up become row views of them, as on the host (one copy of the data)
 
 `DeviceModel` is a `Model` with the resident backend (kernels/cuda/resident.py): its forward is
 `Model.forward`, unchanged, and only the logits of the rows asked for come back to the host.
+Each forward's bus traffic and kernel launches (kernels/cuda/setup.py counts them) are kept in
+`last_forward`: what one engine step cost, for the profiler and chapter 03.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from minillm.kernels.cuda.quant import GPUQMatrix
 from minillm.kernels.cuda.resident import ResidentBackend
-from minillm.kernels.cuda.setup import cuda_available
+from minillm.kernels.cuda.setup import TRAFFIC, BusTraffic, cuda_available
 from minillm.kernels.cuda.tensor import DeviceTensor
 from minillm.kernels.quant_formats import QMatrix
 from minillm.model.kv_cache import AttentionMetadata, KVCache
@@ -79,11 +81,15 @@ class DeviceModel(Model):
     """A Model whose weights, activations and (paged) KV cache live on the GPU."""
 
     device = "cuda"
+    last_forward: BusTraffic | None = None  # copies, bytes and launches of the latest forward
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: KVCache,
                 num_layers: int | None = None) -> np.ndarray:
         """Model.forward on the device; the logits of the rows asked for come back -> (L, V) host array."""
-        return super().forward(token_ids, meta, cache, num_layers).to_host()
+        before = TRAFFIC.snapshot()
+        logits = super().forward(token_ids, meta, cache, num_layers).to_host()  # (L, V)
+        self.last_forward = TRAFFIC.since(before)
+        return logits
 
     def new_cache(self, n_slots: int, max_len: int):
         raise NotImplementedError("the contiguous KV cache lives in host memory; a model on the GPU runs in the "
