@@ -33,9 +33,11 @@ from common import RESULTS, save_result
 from minillm.kernels.cuda.setup import SIMULATOR, cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
-FULL = dict(decode_tokens=64, prefill_tokens=512, batch_sizes=(1, 8, 32, 64), prompt_tokens=32, new_tokens=32,
-            wrapper_tokens=3)
-DRY = dict(decode_tokens=2, prefill_tokens=8, batch_sizes=(1, 2), prompt_tokens=4, new_tokens=2, wrapper_tokens=0)
+FULL = dict(warmups=1, decode_tokens=64, prefill_tokens=512, batch_sizes=(1, 8, 32, 64), prompt_tokens=32,
+            new_tokens=32, wrapper_tokens=3)
+# the simulator compiles nothing (no warm-up) and takes seconds per forward: 7 forwards in all
+DRY = dict(warmups=0, decode_tokens=1, prefill_tokens=8, batch_sizes=(1, 2), prompt_tokens=4, new_tokens=2,
+           wrapper_tokens=0)
 TESTS_TIMEOUT_S, KERNELS_TIMEOUT_S = 240, 120
 
 
@@ -68,12 +70,14 @@ def measure_ours(llm, sizes: dict, rng: np.random.Generator, vocab: int) -> dict
         params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
         return seconds(lambda: llm.generate(prompts, params, use_tqdm=False))
 
-    prompt = [rng.integers(0, vocab, sizes["prefill_tokens"]).tolist()]
-    generate(prompt, 1)  # warm-up: compiles every kernel
-    first = generate(prompt, 1)  # prefill + the first token
-    whole = generate(prompt, sizes["decode_tokens"] + 1)
-    llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    step = llm.model.last_forward  # a decode step's bus traffic and launches
+    def prompt():  # a fresh one each time: a repeated prompt would be served from the prefix cache
+        return [rng.integers(0, vocab, sizes["prefill_tokens"]).tolist()]
+
+    for _ in range(sizes["warmups"]):
+        generate(prompt(), 2)  # compiles every kernel
+    first = generate(prompt(), 1)  # prefill + the first token
+    whole = generate(prompt(), sizes["decode_tokens"] + 1)
+    step = llm.model.last_forward  # its last forward was a decode step: its bus traffic and launches
     out = {"prefill_tok_s": sizes["prefill_tokens"] / first,
            "decode_tok_s": sizes["decode_tokens"] / max(whole - first, 1e-9),
            "decode_step": {"to_device_copies": step.to_device_copies, "to_device_bytes": step.to_device_bytes,
@@ -108,7 +112,8 @@ def measure_transformers(gguf: Path, dtype: str, sizes: dict, rng: np.random.Gen
             sync()
         return seconds(run)
 
-    generate(1, sizes["prefill_tokens"], 1)  # warm-up
+    for _ in range(sizes["warmups"]):
+        generate(1, sizes["prefill_tokens"], 2)
     first = generate(1, sizes["prefill_tokens"], 1)
     whole = generate(1, sizes["prefill_tokens"], sizes["decode_tokens"] + 1)
     out = {"device": device, "prefill_tok_s": sizes["prefill_tokens"] / first,
@@ -125,11 +130,14 @@ def measure_host_wrapper(gguf: Path, tokens: int, rng: np.random.Generator, voca
     from minillm import LLM, SamplingParams
 
     llm = LLM(gguf, backend="cuda")
-    prompt = [rng.integers(0, vocab, 8).tolist()]
-    params = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)  # noqa: E731
-    llm.generate(prompt, params(1), use_tqdm=False)
-    first = seconds(lambda: llm.generate(prompt, params(1), use_tqdm=False))
-    whole = seconds(lambda: llm.generate(prompt, params(tokens + 1), use_tqdm=False))
+
+    def generate(new_tokens):
+        prompt = [rng.integers(0, vocab, 8).tolist()]
+        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        return seconds(lambda: llm.generate(prompt, params, use_tqdm=False))
+
+    generate(2)  # warm-up
+    first, whole = generate(1), generate(tokens + 1)
     return {"decode_tok_s": tokens / max(whole - first, 1e-9)}
 
 
@@ -168,7 +176,7 @@ def main() -> int:
         results["tests_cuda"] = run_step([sys.executable, "-m", "pytest", "tests/cuda", "-q", "-x"], TESTS_TIMEOUT_S)
         results["kernels_cuda"] = run_step([sys.executable, "benchmarks/kernels_cuda.py", "--contexts", "128", "1024",
                                             "--repeats", "10"], KERNELS_TIMEOUT_S)
-    llm = LLM(gguf, device="cuda")
+    llm = LLM(gguf, device="cuda", max_num_seqs=max(sizes["batch_sizes"]))
     vocab = llm.model.config.vocab_size
     results["minillm_cuda"] = measure_ours(llm, sizes, rng, vocab)
     for dtype in ("float16", "float32"):

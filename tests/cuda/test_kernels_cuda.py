@@ -193,7 +193,7 @@ def test_dequantize(qmatrix):
     np.testing.assert_array_equal(gpu.dequantize(qmatrix), dequantize_reference(qmatrix))
 
 
-@pytest.mark.parametrize("T", [1, 2, 9])  # fused matvec for T <= 8, dequantize + tiled beyond
+@pytest.mark.parametrize("T", [1, 2, 8, 9])  # the fused matvec for T <= 8, the dequantize-in-tile kernel beyond
 def test_qlinear(rng, qmatrix, T):
     x = normal(rng, T, 64)
     want = x @ dequantize_reference(qmatrix).T

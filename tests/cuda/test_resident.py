@@ -95,3 +95,19 @@ def test_a_bad_device_name_is_refused():
 
     with pytest.raises(ValueError, match="device must be one of cpu, cuda"):
         minillm.LLM("/nonexistent.gguf", device="tpu")
+
+
+def test_gpu_check_dry_run_completes_on_the_simulator(tmp_path):
+    """benchmarks/gpu.py --dry-run: every measurement once on a tiny model, results marked meaningless."""
+    import json
+
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_side_by_side_dry_run.json").read_text())["results"]
+    assert results["timings_meaningless"] is True
+    step = results["minillm_cuda"]["decode_step"]
+    assert step["to_host_copies"] == 1 and step["to_device_copies"] <= 8 and step["launches"] > 0
+    for side in ("minillm_cuda", "transformers_float16", "transformers_float32"):
+        assert set(results[side]["throughput_tok_s"]) == {"1", "2"}

@@ -32,9 +32,10 @@ kernel (flash-decoding); and its cache is fp16 / bf16 or fp8, where ours is floa
 
 `write_kv` stores a batch's new K/V at their slots, one thread block per token.
 
-The host wrappers below also copy the *whole* cache to the device on every call, because the
-engine's paged cache lives in host memory; a cache kept on the GPU would skip the copies and call
-`write_kv_gpu` and `paged_attention_gpu` directly.
+The host wrappers below also copy the *whole* cache to the device on every call (the host-wrapper
+backend's paged cache lives in host memory); the resident model's cache lives on the GPU
+(runtime/paged_cache.py: DevicePagedKVCache) and calls `write_kv_gpu` and `paged_attention_gpu`
+through kernels/cuda/resident.py, copying nothing.
 """
 from __future__ import annotations
 
