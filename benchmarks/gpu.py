@@ -35,8 +35,8 @@ from minillm.kernels.cuda.setup import SIMULATOR, cuda_available
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(warmups=1, decode_tokens=64, prefill_tokens=512, batch_sizes=(1, 8, 32, 64), prompt_tokens=32,
             new_tokens=32, wrapper_tokens=3)
-# the simulator compiles nothing (no warm-up) and takes seconds per forward: 7 forwards in all
-DRY = dict(warmups=0, decode_tokens=1, prefill_tokens=8, batch_sizes=(1, 2), prompt_tokens=4, new_tokens=2,
+# the simulator compiles nothing (no warm-up) and takes seconds per forward: 5 forwards in all
+DRY = dict(warmups=0, decode_tokens=1, prefill_tokens=8, batch_sizes=(1, 2), prompt_tokens=4, new_tokens=1,
            wrapper_tokens=0)
 TESTS_TIMEOUT_S, KERNELS_TIMEOUT_S = 240, 120
 
@@ -51,6 +51,32 @@ def run_step(cmd: list[str], timeout: int) -> dict:
         return {"command": " ".join(cmd), "status": f"timed out after {timeout} s"}
     tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
     return {"command": " ".join(cmd), "status": "ok" if done.returncode == 0 else f"exit {done.returncode}", "tail": tail}
+
+
+def gpu_stamp() -> dict:
+    """The device, its driver and the CUDA versions in play, for the result's stamp."""
+    import dataclasses
+
+    from numba import cuda
+
+    from minillm.hardware.gpu import describe_gpu
+
+    info = describe_gpu()
+    stamp = dataclasses.asdict(info) if info is not None else {}
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        stamp["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        stamp["driver"] = None
+    stamp["cuda_driver_api"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
+    try:
+        import torch
+
+        stamp["torch_cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return stamp
 
 
 # -----------------------------------------------------------------------------------------------
@@ -155,7 +181,6 @@ def main() -> int:
         print(f"{reason}\n--dry-run runs on the simulator only (NUMBA_ENABLE_CUDASIM=1), the full check on a GPU only")
         return 2
     from minillm import LLM
-    from minillm.hardware.gpu import describe_gpu
 
     rng = np.random.default_rng(0)
     sizes = DRY if args.dry_run else FULL
@@ -171,8 +196,7 @@ def main() -> int:
         from minillm.model.fetch import cached_model_path, fetch
 
         gguf = args.model or cached_model_path() or fetch()
-        gpu = describe_gpu()
-        results["gpu"] = gpu.__dict__ if hasattr(gpu, "__dict__") else str(gpu)
+        results["gpu"] = gpu_stamp()
         results["tests_cuda"] = run_step([sys.executable, "-m", "pytest", "tests/cuda", "-q", "-x"], TESTS_TIMEOUT_S)
         results["kernels_cuda"] = run_step([sys.executable, "benchmarks/kernels_cuda.py", "--contexts", "128", "1024",
                                             "--repeats", "10"], KERNELS_TIMEOUT_S)
