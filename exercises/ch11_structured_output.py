@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from minillm.generation.constrained.automata import DEAD, DFA, NFA  # noqa: F401  (what you build and return)
+from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.regex import Alternate, Chars, Concat, Repeat  # noqa: F401  (the tree's nodes)
 
 REFERENCE = {
@@ -31,13 +32,15 @@ TASKS = {
 }
 
 
-def thompson(node) -> NFA:
+def thompson(node, budget: CompileBudget | None = None) -> NFA:
     """Task 1: the NFA of a syntax tree (Chars, Concat, Alternate, Repeat), by Thompson's construction.
 
     Build it in an ``NFA()``: ``add_state()`` makes a state; append (lo, hi, target) to
     ``edges[s]`` for a move on symbols lo..hi and a target to ``eps[s]`` for a move on nothing.
     Set ``start`` and ``accept``. Each node becomes a fragment with one entry and one exit;
     ``Repeat(node, lo, hi)`` is lo copies then hi - lo optional ones (hi None: a loop).
+    ``budget``: the engine passes its compile budget; ``budget.count("nfa_states", n)`` as the NFA
+    grows refuses a pattern too large (the graded tests pass none: ignoring it is correct too).
     """
     raise NotImplementedError("chapter 11, task 1")
 

@@ -76,6 +76,17 @@ def chat_prompt(tokenizer: Tokenizer, messages: Sequence[dict], max_tokens: int 
     return tokenizer.encode_parts(parts, add_bos=False, max_tokens=max_tokens)
 
 
+def check_device_request(device: str, backend: str, activations: str, tensor_parallel_size: int) -> None:
+    """A device other than the CPU, refused before anything loads if this machine or the options can't run it."""
+    from minillm.model.device import check_device  # numba.cuda loads only when a device is asked for
+
+    check_device(device)
+    if backend != "numba" or activations != "fp32" or tensor_parallel_size != 1:
+        raise ValueError(f"device={device!r} runs its own resident kernels with fp32 activations on one GPU: "
+                         f"leave backend, activations and tensor_parallel_size at their defaults "
+                         f"(got {backend!r}, {activations!r}, {tensor_parallel_size})")
+
+
 class LLM:
     """A model with its tokenizer, ready to generate."""
 
@@ -85,13 +96,17 @@ class LLM:
         how the linear layers take their input), ``tensor_parallel_size`` (> 1 splits the model over that
         many processes; this one is rank 0; ``close()`` stops the others), ``kv_cache_bytes``,
         ``max_num_seqs``, ``speculative`` (vLLM's speculative_config, e.g. ``{"method": "ngram",
-        "num_speculative_tokens": 4}``)."""
+        "num_speculative_tokens": 4}``), ``device`` ("cuda": the whole model resident on the GPU - weights
+        uploaded once, the paged KV cache in device memory - refused at once, saying how to use the
+        simulator, where neither a GPU nor NUMBA_ENABLE_CUDASIM=1 is)."""
         if isinstance(model, EngineConfig):
             self.config = EngineConfig.create(model, **options)
         else:
             self.config = EngineConfig.create(model=model, **options)
         config = self.config
         self.path = model_path(config.model)
+        if config.device != "cpu":
+            check_device_request(config.device, config.backend, config.activations, config.tensor_parallel_size)
         self.tensor_parallel = None
         if config.tensor_parallel_size > 1:
             from minillm.runtime.tensor_parallel import TensorParallelGroup  # torch loads only here
@@ -99,6 +114,10 @@ class LLM:
             self.tensor_parallel = TensorParallelGroup(self.path, config.tensor_parallel_size, config.backend,
                                                        config.activations, threads=config.threads)  # per rank
             self.model = self.tensor_parallel.model  # rank 0's shard
+        elif config.device == "cuda":
+            from minillm.model.device import to_device
+
+            self.model = to_device(load_model(self.path, backend="reference"))  # the host copy is dropped
         else:
             if config.threads is not None:  # Numba's pool is the process's: the last LLM built sets its size
                 import numba

@@ -92,7 +92,7 @@ def test_serve_takes_a_tensor_parallel_size_and_a_token_queue_bound():
 ENGINE_VALUES = {"model": "m.gguf", "backend": "reference", "activations": "int8", "kv_cache_bytes": 1 << 20,
                  "block_size": 8, "max_num_seqs": 3, "max_num_batched_tokens": 64, "max_n": 2, "max_model_len": 100,
                  "jump_forward": False, "speculative": {"method": "ngram", "num_speculative_tokens": 2},
-                 "tensor_parallel_size": 2, "threads": 1}
+                 "tensor_parallel_size": 2, "threads": 1, "device": "cuda"}
 
 
 def flags_for(values: dict) -> list[str]:

@@ -136,3 +136,23 @@ def test_penalties_equal_the_numpy_function_bit_for_bit():
 def test_penalties_refuse_token_ids_outside_the_vocabulary():
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 5\)"):
         compiled.apply_penalties(np.zeros((1, 5)), [[1]], [[5]], np.zeros(1), np.zeros(1), np.ones(1))
+
+
+
+def test_a_replaced_filter_is_the_one_that_filters(monkeypatch):
+    """The course seats a learner's top_p_filter in the module: the Sampler must then call it (and a
+    correct one gives the compiled path's tokens)."""
+    calls = []
+
+    def learners_top_p(x, top_p):
+        calls.append(len(x))
+        return spec.SPEC_FILTERS[2](x, top_p)
+
+    def draw_three():
+        logits = np.random.default_rng(0).normal(size=(3, 50))
+        states = [SamplingState(SamplingParams(temperature=0.8, top_p=0.9, seed=s), [1], []) for s in range(3)]
+        return Sampler().sample(logits, states).token_ids.tolist()
+
+    compiled_tokens = draw_three()
+    monkeypatch.setattr(spec, "top_p_filter", learners_top_p)
+    assert draw_three() == compiled_tokens and calls == [3]

@@ -277,6 +277,26 @@ def draw(logits: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     return (cdf <= target[:, None]).sum(axis=-1)                             # (B,) first c[j] > target
 
 
+def filter_chain(x: np.ndarray, params: Sequence[SamplingParams]) -> np.ndarray:
+    """Temperature, then min_p, top_k and top_p, each on the rows that use it -> (R, V): the
+    specification the compiled filters (kernels/cpu/sampling.py) are checked against."""
+    x = x / np.array([p.temperature for p in params])[:, None]             # (R, V)
+    for name, filter_, off in (("min_p", min_p_filter, 0), ("top_k", top_k_filter, 0), ("top_p", top_p_filter, 1)):
+        values = np.array([getattr(p, name) for p in params])               # (R,)
+        if (use := values != off).any():                                    # sorts cost: only where asked for
+            x[use] = filter_(x[use], values[use])
+    return x
+
+
+SPEC_FILTERS = (min_p_filter, top_k_filter, top_p_filter)
+
+
+def filters_replaced() -> bool:
+    """Whether a filter function of this module was replaced (the course seats a learner's there):
+    then the Sampler runs ``filter_chain`` through the replacements, not the compiled kernel."""
+    return (min_p_filter, top_k_filter, top_p_filter) != SPEC_FILTERS
+
+
 def mask_tokens(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """A copy of one row of logits (V,) with every token outside `allowed` (K,) at -inf: the
     structured-output mask. Building the row from the K allowed entries costs O(V) once."""
@@ -402,14 +422,18 @@ class Sampler:
         """_filtered, then draw, compiled in one pass (kernels/cpu/sampling.py: the same tokens)."""
         params = [s.params for s in states]
         uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
+        if filters_replaced():
+            return draw(filter_chain(x, params), uniforms)
         return compiled.sample_rows(x, *Sampler._filter_parameters(params), uniforms)
 
     @staticmethod
     def _filtered(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
         """Temperature, then min_p, top_k and top_p, on rows that sample at random -> (R, V).
-        Compiled (kernels/cpu/sampling.py); min_p_filter, top_k_filter and top_p_filter above
-        are its specification."""
-        return compiled.filter_rows(x, *Sampler._filter_parameters([s.params for s in states]))
+        Compiled (kernels/cpu/sampling.py); ``filter_chain`` is its specification."""
+        params = [s.params for s in states]
+        if filters_replaced():
+            return filter_chain(x, params)
+        return compiled.filter_rows(x, *Sampler._filter_parameters(params))
 
     @staticmethod
     def _filter_parameters(params: Sequence[SamplingParams]) -> tuple[np.ndarray, ...]:

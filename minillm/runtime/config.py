@@ -43,8 +43,8 @@ def parse_speculative(text: str) -> dict:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine's knobs. ``model``, ``backend``, ``activations``, ``tensor_parallel_size`` and
-    ``threads`` are about loading the model (``LLM``); the rest are ``LLMEngine``'s."""
+    """The engine's knobs. ``model``, ``backend``, ``activations``, ``tensor_parallel_size``, ``threads``
+    and ``device`` are about loading the model (``LLM``); the rest are ``LLMEngine``'s."""
     model: str | None = knob(None, "a .gguf file or a Hugging Face model folder (default: SmolLM2)")
     backend: str = knob("numba", "the kernel backend, by its registered name (numba, reference, cuda ...)")
     activations: str = knob("fp32", "the linear layers' input: fp32, or quantized to int8 per block (llama.cpp's "
@@ -65,6 +65,8 @@ class EngineConfig:
     tensor_parallel_size: int = knob(1, "split the model over this many processes (torch.distributed, gloo; "
                                         "chapter 12)")
     threads: int | None = knob(None, "Numba/BLAS threads (default: one per core)")
+    device: str = knob("cpu", "cuda: the whole model resident on the GPU (or, without one, on the simulator: "
+                              "NUMBA_ENABLE_CUDASIM=1)", choices=("cpu", "cuda"))
 
     def __post_init__(self):
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:

@@ -12,7 +12,7 @@ from minillm.generation.speculative import verify_draft
 from minillm.model.kv_cache import AttentionMetadata
 from minillm.model.transformer import Model
 from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache
+from minillm.runtime.paged_cache import DevicePagedKVCache, PagedAttentionMetadata, PagedKVCache
 from minillm.runtime.scheduler import RunnerOutput, ScheduledSeq, SchedulerOutput
 from minillm.runtime.sequence import Sequence
 
@@ -24,7 +24,9 @@ class ModelRunner:
         self.model = model
         self.block_manager = block_manager
         self.sampler = sampler
-        self.cache = PagedKVCache(model.config, block_manager.num_blocks, block_manager.block_size, model.ops)
+        # A model resident on the GPU (minillm/model/device.py) gets its cache in device memory.
+        cache_class = DevicePagedKVCache if getattr(model, "device", "cpu") == "cuda" else PagedKVCache
+        self.cache = cache_class(model.config, block_manager.num_blocks, block_manager.block_size, model.ops)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """Copy-on-write, one forward over every scheduled token, then each sampling sequence's tokens."""

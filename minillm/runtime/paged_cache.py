@@ -10,6 +10,10 @@ Only the batch description grows: ``PagedAttentionMetadata`` adds each sequence'
                          backend's write_kv, so a GPU backend can own its cache
     attend               paged attention over block_tables (B, max_blocks)
 
+``DevicePagedKVCache`` is the same cache in GPU memory, for a model resident there
+(minillm/model/device.py): allocated from the same budget, written by the device kernel from the
+slot mapping; no K/V byte ever crosses the bus.
+
 The cache never decides which block belongs to whom - that is the BlockManager's bookkeeping.
 It only moves data: ``copy_block`` performs the copy-on-write the manager asks for.
 """
@@ -81,8 +85,9 @@ class PagedAttentionMetadata(AttentionMetadata):
 
 class PagedKVCache:
     """Per layer K and V arrays of shape (num_blocks, block_size, Hkv, Dh), shared by all sequences,
-    written by ``ops`` (the model's kernel backend: ``ops.write_kv``). The arrays are host memory
-    on every backend for now; a GPU backend's writes copy the cache to its device and back."""
+    written by ``ops`` (the model's kernel backend: ``ops.write_kv``), in host memory (with the
+    host-wrapper "cuda" backend its writes copy the cache to the device and back: the resident
+    model uses ``DevicePagedKVCache``)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, ops):
         if num_blocks < 1 or block_size < 1:
@@ -121,3 +126,48 @@ class PagedKVCache:
         self.k[:, dst] = self.k[:, src]  # (n_layers, block_size, Hkv, Dh)
         self.v[:, dst] = self.v[:, src]  # (n_layers, block_size, Hkv, Dh)
 
+
+
+class DevicePagedKVCache(PagedKVCache):
+    """The paged cache in GPU memory, for a model on the device (``ops``: its resident backend).
+
+    Per layer K and V are views of one (n_layers, num_blocks, block_size * Hkv * Dh) device array
+    each, so ``copy_block`` is one copy kernel over every layer. Written by the resident
+    ``write_kv`` (the slot mapping goes in, once per step; K/V never leave the device).
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, ops):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        from minillm.kernels.cuda.tensor import DeviceTensor  # numba.cuda loads only for a device cache
+
+        self.num_blocks, self.block_size, self.ops = num_blocks, block_size, ops
+        flat = (config.n_layers, num_blocks, block_size * config.n_kv_heads * config.head_dim)
+        self.k_blocks, self.v_blocks = DeviceTensor.empty(flat), DeviceTensor.empty(flat)
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.k = self.k_blocks.array.reshape(*shape)  # (n_layers, num_blocks, block_size, Hkv, Dh) device
+        self.v = self.v_blocks.array.reshape(*shape)
+
+    def commit(self) -> None:
+        """Nothing to do: device memory is resident once allocated. (It is not zeroed either: the
+        kernels read only slots written before, so a fresh block's contents are never seen.)"""
+
+    def check(self, meta: AttentionMetadata) -> None:
+        """A forward begins: the backend forgets the last step's uploaded metadata."""
+        super().check(meta)
+        self.ops.begin_forward()
+
+    def attend(self, layer: int, q, meta: PagedAttentionMetadata, ops):
+        """Causal attention of q (N, H, Dh) over each sequence's blocks -> (N, H, Dh), on the device.
+
+        One kernel for decode and prefill: a decode query is a prefill chunk of one token (its
+        keys are its context plus itself), so every layer reuses the rows uploaded by the first."""
+        return ops.paged_attention_prefill(q, self.k[layer], self.v[layer], meta.block_tables, meta.query_starts,
+                                           meta.context_lens)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy-on-write: block dst gets block src's K/V, in every layer, device to device."""
+        from minillm.kernels.cuda.tensor import copy_into
+
+        for store in (self.k_blocks.array, self.v_blocks.array):
+            copy_into(store[:, src:src + 1], store[:, dst:dst + 1])

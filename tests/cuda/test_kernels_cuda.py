@@ -193,7 +193,7 @@ def test_dequantize(qmatrix):
     np.testing.assert_array_equal(gpu.dequantize(qmatrix), dequantize_reference(qmatrix))
 
 
-@pytest.mark.parametrize("T", [1, 2, 9])  # fused matvec for T <= 8, dequantize + tiled beyond
+@pytest.mark.parametrize("T", [1, 2, 8, 9])  # the fused matvec for T <= 8, the dequantize-in-tile kernel beyond
 def test_qlinear(rng, qmatrix, T):
     x = normal(rng, T, 64)
     want = x @ dequantize_reference(qmatrix).T
@@ -221,8 +221,9 @@ def test_qembedding(qmatrix):
 # GPU - which needs neither a GPU nor the CUDA toolkit.
 
 
-def kernel_signatures() -> dict:
-    """Each kernel with the argument types its host wrapper launches it with."""
+def kernel_signatures() -> list[tuple]:
+    """Each kernel with the argument types its host wrapper launches it with, and the strided views
+    (any layout: "A") the resident backend launches some of them with."""
     import numba.cuda.types as t
 
     from minillm.kernels.cuda import contiguous_attention as cuda_attention
@@ -231,29 +232,40 @@ def kernel_signatures() -> dict:
     from minillm.kernels.cuda import ops as cuda_ops
     from minillm.kernels.cuda import paged_attention as cuda_paged_attention
     from minillm.kernels.cuda import quant as cuda_quant
+    from minillm.kernels.cuda import tensor as cuda_tensor
 
+    a2, a3 = t.float32[:, :], t.float32[:, :, :]  # views: a slice of qkv, a column half of gate_up
     f1, f2, f3, f4 = t.float32[::1], t.float32[:, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1]
     i1, u2, h2, n2 = t.int64[::1], t.uint8[:, ::1], t.float16[:, ::1], t.int32[:, ::1]
-    return {
-        cuda_basics.vector_add_kernel: (f1, f1, f1),
-        cuda_basics.sum_kernel: (f1, f1),
-        cuda_matmul.matmul_naive_kernel: (f2, f2, f2),
-        cuda_matmul.matmul_tiled_kernel: (f2, f2, f2),
-        cuda_matmul.matmul_register_tiled_kernel: (f2, f2, f2),
-        cuda_matmul.linear_matvec_kernel: (f2, f2, f2),
-        cuda_matmul.linear_tiled_kernel: (f2, f2, f2),
-        cuda_ops.embedding_kernel: (i1, f2, f2),
-        cuda_ops.rms_norm_kernel: (f2, f1, t.float32, f2),
-        cuda_ops.softmax_kernel: (f2, f2),
-        cuda_ops.rope_kernel: (f3, i1, f2, f2, t.int64),
-        cuda_ops.silu_kernel: (f1, f1),
-        cuda_ops.swiglu_kernel: (f1, f1, f1),
-        cuda_attention.attention_kernel: (f3, f3, f3, t.int64, t.float32, f3),
-        cuda_paged_attention.paged_attention_kernel: (f3, f4, f4, n2, i1, i1, t.float32, f3),
-        cuda_quant.qmatvec_kernel: (f2, u2, h2, t.int64, f2),
-        cuda_quant.dequantize_kernel: (u2, h2, t.int64, f2),
-        cuda_quant.qembedding_kernel: (i1, u2, h2, t.int64, f2),
-    }
+    return [
+        (cuda_basics.vector_add_kernel, (f1, f1, f1)),
+        (cuda_basics.sum_kernel, (f1, f1)),
+        (cuda_matmul.matmul_naive_kernel, (f2, f2, f2)),
+        (cuda_matmul.matmul_tiled_kernel, (f2, f2, f2)),
+        (cuda_matmul.matmul_register_tiled_kernel, (f2, f2, f2)),
+        (cuda_matmul.linear_matvec_kernel, (f2, f2, f2)),
+        (cuda_matmul.linear_tiled_kernel, (f2, f2, f2)),
+        (cuda_ops.embedding_kernel, (i1, f2, f2)),
+        (cuda_ops.rms_norm_kernel, (f2, f1, t.float32, f2)),
+        (cuda_ops.softmax_kernel, (f2, f2)),
+        (cuda_ops.rope_kernel, (f3, i1, f2, f2, t.int64)),
+        (cuda_ops.silu_kernel, (f1, f1)),
+        (cuda_ops.swiglu_kernel, (f1, f1, f1)),
+        (cuda_attention.attention_kernel, (f3, f3, f3, t.int64, t.float32, f3)),
+        (cuda_paged_attention.paged_attention_kernel, (f3, f4, f4, n2, i1, i1, t.float32, f3)),
+        (cuda_quant.qmatvec_kernel, (f2, u2, h2, t.int64, f2)),
+        (cuda_quant.dequantize_kernel, (u2, h2, t.int64, f2)),
+        (cuda_quant.qembedding_kernel, (i1, u2, h2, t.int64, f2)),
+        (cuda_quant.qlinear_tiled_kernel, (f2, u2, h2, t.int64, f2)),
+        (cuda_ops.swiglu_rows_kernel, (a2, a2, f2)),
+        (cuda_ops.rope_kernel, (a3, i1, f2, f2, t.int64)),
+        (cuda_ops.rms_norm_kernel, (a2, f1, t.float32, f2)),
+        (cuda_paged_attention.write_kv_kernel, (f4, f4, a3, a3, i1)),
+        (cuda_paged_attention.paged_attention_kernel, (a3, f4, f4, n2, i1, i1, t.float32, f3)),
+        (cuda_tensor.copy2_kernel, (a2, a2)),
+        (cuda_tensor.copy3_kernel, (a3, a3)),
+        (cuda_tensor.add2_kernel, (f2, f2, f2)),
+    ]
 
 
 def compile_every_kernel() -> None:
@@ -264,7 +276,7 @@ def compile_every_kernel() -> None:
 
     # Device functions ask the current device for its compute capability; there is none here.
     numba.cuda.dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
-    for kernel, argtypes in kernel_signatures().items():
+    for kernel, argtypes in kernel_signatures():
         compile_cuda(kernel.py_func, t.void, argtypes, cc=(8, 0))
         print("compiled", kernel.py_func.__name__)
 

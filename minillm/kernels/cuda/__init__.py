@@ -3,18 +3,20 @@
 Each operator here is a *host wrapper*: it takes NumPy arrays, copies them to the GPU, launches the
 kernel(s) and copies the result back. That makes the backend a drop-in for the registry (and lets
 the tests compare it with the reference), but it pays a PCIe round trip per call; the `*_gpu`
-variants in the cuda_*.py files take and return device arrays, for code that keeps its tensors on
-the GPU between operators.
+variants in the files below take and return device arrays. The resident backend (resident.py) is
+built on them: the whole model on the GPU (`LLM(device="cuda")`, minillm/model/device.py).
 
 The kernels, one idea per file:
-    cuda/setup.py      GPU or simulator? host<->device copies, launch geometry
+    cuda/setup.py      GPU or simulator? host<->device copies and launches (counted), launch geometry
     cuda/basics.py     vector add; reductions: shared-memory tree, then warp shuffles
     cuda/matmul_ladder.py     matmul ladder (naive -> shared-memory tiles -> register tiles); linear
     cuda/ops.py        embedding, rms_norm, softmax, rope, silu, swiglu
     cuda/contiguous_attention.py  causal GQA attention with the online softmax, one block per (query, head)
     cuda/paged_attention.py  the same over a paged KV cache: keys found through the block table; write_kv
-    cuda/quant.py      Q8_0 / Q4_0 / Q4_1: fused quantized matvec, dequantize, quantized embedding
+    cuda/quant.py      Q8_0 / Q4_0 / Q4_1: fused quantized matvec (1-8 rows), tiled prefill, dequantize, embedding
     cuda/timing.py     each kernel at a model config's shapes, with its FLOPs and minimum bytes
+    cuda/tensor.py     DeviceTensor: the forward's own array operations (reshape, slices, +, ...) on the GPU
+    cuda/resident.py   the resident backend: every op on device arrays, weights uploaded once
 
 Importing this module needs neither a GPU nor the simulator; calling an operator without either
 raises a RuntimeError saying so (see `cuda_available()`).

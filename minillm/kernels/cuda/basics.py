@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from minillm.kernels.cuda.setup import FULL_MASK, MAX_THREADS, WARP, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.cuda.setup import FULL_MASK, MAX_THREADS, WARP, blocks_for, empty_gpu, launch, threads_for, to_gpu, to_host
 
 # -----------------------------------------------------------------------------------------------
 # Vector add: one thread per element
@@ -44,7 +44,7 @@ def vector_add_kernel(a, b, out):
 def vector_add_gpu(a, b):
     """a, b (n,) device arrays -> (n,) device array a + b."""
     out = empty_gpu(a.shape[0])  # (n,)
-    vector_add_kernel[blocks_for(a.shape[0], VECTOR_THREADS), VECTOR_THREADS](a, b, out)
+    launch(vector_add_kernel[blocks_for(a.shape[0], VECTOR_THREADS), VECTOR_THREADS], a, b, out)
     return out
 
 
@@ -52,7 +52,7 @@ def vector_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a, b (n,) float32 -> (n,) a + b, computed on the GPU (copy in, one launch, copy out)."""
     if a.ndim != 1 or a.shape != b.shape:
         raise ValueError(f"vector_add needs two vectors of one length, got shapes {a.shape} and {b.shape}")
-    return vector_add_gpu(to_gpu(a), to_gpu(b)).copy_to_host()
+    return to_host(vector_add_gpu(to_gpu(a), to_gpu(b)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -145,11 +145,11 @@ def reduce_sum_gpu(x):
     threads = threads_for(n)
     blocks = min(blocks_for(n, threads), REDUCE_MAX_BLOCKS)
     partial_sums = empty_gpu(blocks)  # (blocks,)
-    sum_kernel[blocks, threads](x, partial_sums)
+    launch(sum_kernel[blocks, threads], x, partial_sums)
     if blocks == 1:
         return partial_sums
     total = empty_gpu(1)  # (1,)
-    sum_kernel[1, threads_for(blocks)](partial_sums, total)
+    launch(sum_kernel[1, threads_for(blocks)], partial_sums, total)
     return total
 
 
@@ -157,4 +157,4 @@ def reduce_sum(x: np.ndarray) -> float:
     """sum(x) of a float32 vector, on the GPU: a block reduction, then one more for the block sums."""
     if x.ndim != 1 or x.shape[0] == 0:
         raise ValueError(f"reduce_sum needs a non-empty vector, got shape {x.shape}")
-    return float(reduce_sum_gpu(to_gpu(x)).copy_to_host()[0])
+    return float(to_host(reduce_sum_gpu(to_gpu(x)))[0])

@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32
 
 from minillm.kernels.cuda.basics import warp_sum
-from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, to_gpu
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, launch, to_gpu, to_host
 from minillm.kernels.shapes import check_attention, check_attention_decode
 
 MAX_HEAD_DIM = 256
@@ -116,7 +116,7 @@ def attention_gpu(q, k, v, start: int, scale: float):
     T, H, _ = q.shape
     out = empty_gpu(q.shape)  # (T, H, Dh)
     n_warps = min(MAX_WARPS, blocks_for(start + T, KEYS_PER_WARP))
-    attention_kernel[(T, H), n_warps * WARP](q, k, v, start, np.float32(scale), out)
+    launch(attention_kernel[(T, H), n_warps * WARP], q, k, v, start, np.float32(scale), out)
     return out
 
 
@@ -135,7 +135,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: fl
     check_head_dim(q.shape[2])
     seen = start + q.shape[0]  # keys past the last query's position are never read: don't copy them
     out = attention_gpu(to_gpu(q), to_gpu(k[:seen]), to_gpu(v[:seen]), start, attention_scale(q.shape[2], scale))
-    return out.copy_to_host()
+    return to_host(out)
 
 
 def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, scale: float | None = None) -> np.ndarray:
@@ -147,4 +147,4 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, s
     check_head_dim(q.shape[1])
     out = attention_gpu(to_gpu(q[None]), to_gpu(k[:kv_len]), to_gpu(v[:kv_len]), kv_len - 1,
                         attention_scale(q.shape[1], scale))
-    return out.copy_to_host()[0]
+    return to_host(out)[0]

@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from minillm.kernels.cuda.basics import warp_sum
-from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, to_gpu
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, launch, to_gpu, to_host
 from minillm.kernels.shapes import check_linear, check_matmul
 
 # -----------------------------------------------------------------------------------------------
@@ -46,14 +46,14 @@ def matmul_naive_gpu(a, b):
     """a (M, K), b (K, N) device arrays -> (M, N) device array."""
     c = empty_gpu((a.shape[0], b.shape[1]))  # (M, N)
     grid = (blocks_for(b.shape[1], NAIVE_BLOCK), blocks_for(a.shape[0], NAIVE_BLOCK))
-    matmul_naive_kernel[grid, (NAIVE_BLOCK, NAIVE_BLOCK)](a, b, c)
+    launch(matmul_naive_kernel[grid, (NAIVE_BLOCK, NAIVE_BLOCK)], a, b, c)
     return c
 
 
 def matmul_naive(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (M, K) @ b (K, N) -> (M, N), one GPU thread per output (rung 1 of the ladder)."""
     check_matmul(a, b)
-    return matmul_naive_gpu(to_gpu(a), to_gpu(b)).copy_to_host()
+    return to_host(matmul_naive_gpu(to_gpu(a), to_gpu(b)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -91,14 +91,14 @@ def matmul_tiled_gpu(a, b):
     """a (M, K), b (K, N) device arrays -> (M, N) device array."""
     c = empty_gpu((a.shape[0], b.shape[1]))  # (M, N)
     grid = (blocks_for(b.shape[1], TILE), blocks_for(a.shape[0], TILE))
-    matmul_tiled_kernel[grid, (TILE, TILE)](a, b, c)
+    launch(matmul_tiled_kernel[grid, (TILE, TILE)], a, b, c)
     return c
 
 
 def matmul_tiled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (M, K) @ b (K, N) -> (M, N), tiles staged in shared memory (rung 2 of the ladder)."""
     check_matmul(a, b)
-    return matmul_tiled_gpu(to_gpu(a), to_gpu(b)).copy_to_host()
+    return to_host(matmul_tiled_gpu(to_gpu(a), to_gpu(b)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -164,14 +164,14 @@ def matmul_register_tiled_gpu(a, b):
     """a (M, K), b (K, N) device arrays -> (M, N) device array."""
     c = empty_gpu((a.shape[0], b.shape[1]))  # (M, N)
     grid = (blocks_for(b.shape[1], BLOCK_TILE), blocks_for(a.shape[0], BLOCK_TILE))
-    matmul_register_tiled_kernel[grid, (THREADS_SIDE, THREADS_SIDE)](a, b, c)
+    launch(matmul_register_tiled_kernel[grid, (THREADS_SIDE, THREADS_SIDE)], a, b, c)
     return c
 
 
 def matmul_register_tiled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (M, K) @ b (K, N) -> (M, N), several outputs per thread in registers (rung 3)."""
     check_matmul(a, b)
-    return matmul_register_tiled_gpu(to_gpu(a), to_gpu(b)).copy_to_host()
+    return to_host(matmul_register_tiled_gpu(to_gpu(a), to_gpu(b)))
 
 
 def matmul_gpu(a, b):
@@ -182,7 +182,7 @@ def matmul_gpu(a, b):
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (M, K) @ b (K, N) -> (M, N) float32: the top rung of the ladder."""
     check_matmul(a, b)
-    return matmul_gpu(to_gpu(a), to_gpu(b)).copy_to_host()
+    return to_host(matmul_gpu(to_gpu(a), to_gpu(b)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -245,13 +245,13 @@ def linear_gpu(x, w):
     T, N = x.shape[0], w.shape[0]
     out = empty_gpu((T, N))  # (T, out)
     if T <= MATVEC_MAX_T:
-        linear_matvec_kernel[(blocks_for(N, MATVEC_WARPS), T), MATVEC_WARPS * WARP](x, w, out)
+        launch(linear_matvec_kernel[(blocks_for(N, MATVEC_WARPS), T), MATVEC_WARPS * WARP], x, w, out)
     else:
-        linear_tiled_kernel[(blocks_for(N, TILE), blocks_for(T, TILE)), (TILE, TILE)](x, w, out)
+        launch(linear_tiled_kernel[(blocks_for(N, TILE), blocks_for(T, TILE)), (TILE, TILE)], x, w, out)
     return out
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x (T, in), w (out, in) -> (T, out) = x @ w.T."""
     check_linear(x, w)
-    return linear_gpu(to_gpu(x), to_gpu(w)).copy_to_host()
+    return to_host(linear_gpu(to_gpu(x), to_gpu(w)))

@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda, float32
 
 from minillm.kernels.cuda.basics import block_max, block_sum
-from minillm.kernels.cuda.setup import MAX_THREADS, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.cuda.setup import MAX_THREADS, blocks_for, empty_gpu, launch, threads_for, to_gpu, to_host
 from minillm.kernels.shapes import check_embedding, check_rms_norm, check_rope, check_swiglu
 
 ELEMENTWISE_THREADS = 256
@@ -38,7 +38,7 @@ def embedding_kernel(ids, table, out):
 def embedding_gpu(ids, table):
     """ids (T,) int64, table (V, D) device arrays -> (T, D) device array (ids must be in range)."""
     out = empty_gpu((ids.shape[0], table.shape[1]))  # (T, D)
-    embedding_kernel[ids.shape[0], threads_for(table.shape[1])](ids, table, out)
+    launch(embedding_kernel[ids.shape[0], threads_for(table.shape[1])], ids, table, out)
     return out
 
 
@@ -46,7 +46,7 @@ def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """ids (T,) int, table (V, D) -> (T, D): the rows the ids name."""
     ids = np.asarray(ids)
     check_embedding(ids, table)
-    return embedding_gpu(to_gpu(ids, np.int64), to_gpu(table)).copy_to_host()
+    return to_host(embedding_gpu(to_gpu(ids, np.int64), to_gpu(table)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def rms_norm_kernel(x, weight, eps, out):
 def rms_norm_gpu(x, weight, eps: float):
     """x (T, D), weight (D,) device arrays -> (T, D) device array."""
     out = empty_gpu(x.shape)  # (T, D)
-    rms_norm_kernel[x.shape[0], threads_for(x.shape[1])](x, weight, np.float32(eps), out)
+    launch(rms_norm_kernel[x.shape[0], threads_for(x.shape[1])], x, weight, np.float32(eps), out)
     return out
 
 
@@ -78,7 +78,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (T, D) -> x / sqrt(mean(x^2) + eps) * weight, per row."""
     check_rms_norm(x, weight)
     rows = x.reshape(-1, x.shape[-1])  # (T, D)
-    return rms_norm_gpu(to_gpu(rows), to_gpu(weight), eps).copy_to_host().reshape(x.shape)
+    return to_host(rms_norm_gpu(to_gpu(rows), to_gpu(weight), eps)).reshape(x.shape)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -107,14 +107,14 @@ def softmax_kernel(x, out):
 def softmax_gpu(x):
     """x (R, N) device array -> (R, N) device array, softmax along each row."""
     out = empty_gpu(x.shape)  # (R, N)
-    softmax_kernel[x.shape[0], threads_for(x.shape[1])](x, out)
+    launch(softmax_kernel[x.shape[0], threads_for(x.shape[1])], x, out)
     return out
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis of x (..., N), numerically stable."""
     rows = x.reshape(-1, x.shape[-1])  # (R, N)
-    return softmax_gpu(to_gpu(rows)).copy_to_host().reshape(x.shape)
+    return to_host(softmax_gpu(to_gpu(rows))).reshape(x.shape)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def rope_gpu(x, positions, cos, sin, style: str):
     T, H, Dh = x.shape
     n = T * H * (Dh // 2)
     code = ROPE_PAIRS if style == "pairs" else ROPE_HALF
-    rope_kernel[blocks_for(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS](x, positions, cos, sin, code)
+    launch(rope_kernel[blocks_for(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS], x, positions, cos, sin, code)
     return x
 
 
@@ -163,7 +163,7 @@ def rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray,
     positions = np.asarray(positions)
     check_rope(x, positions, cos, sin, style)
     rotated = rope_gpu(to_gpu(x), to_gpu(positions, np.int64), to_gpu(cos), to_gpu(sin), style)
-    return rotated.copy_to_host()
+    return to_host(rotated)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -189,26 +189,35 @@ def swiglu_kernel(gate, up, out):
         out[i] = _silu(gate[i]) * up[i]  # fused: one read of each input, one write
 
 
+@cuda.jit
+def swiglu_rows_kernel(gate, up, out):
+    """gate, up (T, F), any strides (column halves of one (T, 2F) array) -> out (T, F)."""
+    n = cuda.grid(1)
+    F = out.shape[1]
+    if n < out.shape[0] * F:
+        out[n // F, n % F] = _silu(gate[n // F, n % F]) * up[n // F, n % F]
+
+
 def silu_gpu(x):
     """x (n,) device array -> (n,) device array silu(x)."""
     out = empty_gpu(x.shape[0])  # (n,)
-    silu_kernel[blocks_for(x.shape[0], ELEMENTWISE_THREADS), ELEMENTWISE_THREADS](x, out)
+    launch(silu_kernel[blocks_for(x.shape[0], ELEMENTWISE_THREADS), ELEMENTWISE_THREADS], x, out)
     return out
 
 
 def swiglu_gpu(gate, up):
     """gate, up (n,) device arrays -> (n,) device array silu(gate) * up."""
     out = empty_gpu(gate.shape[0])  # (n,)
-    swiglu_kernel[blocks_for(gate.shape[0], ELEMENTWISE_THREADS), ELEMENTWISE_THREADS](gate, up, out)
+    launch(swiglu_kernel[blocks_for(gate.shape[0], ELEMENTWISE_THREADS), ELEMENTWISE_THREADS], gate, up, out)
     return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), elementwise, any shape."""
-    return silu_gpu(to_gpu(x.reshape(-1))).copy_to_host().reshape(x.shape)
+    return to_host(silu_gpu(to_gpu(x.reshape(-1)))).reshape(x.shape)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gate, up (T, F) -> (T, F) = silu(gate) * up."""
     check_swiglu(gate, up)
-    return swiglu_gpu(to_gpu(gate.reshape(-1)), to_gpu(up.reshape(-1))).copy_to_host().reshape(gate.shape)
+    return to_host(swiglu_gpu(to_gpu(gate.reshape(-1)), to_gpu(up.reshape(-1)))).reshape(gate.shape)

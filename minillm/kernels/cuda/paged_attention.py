@@ -32,9 +32,10 @@ kernel (flash-decoding); and its cache is fp16 / bf16 or fp8, where ours is floa
 
 `write_kv` stores a batch's new K/V at their slots, one thread block per token.
 
-The host wrappers below also copy the *whole* cache to the device on every call, because the
-engine's paged cache lives in host memory; a cache kept on the GPU would skip the copies and call
-`write_kv_gpu` and `paged_attention_gpu` directly.
+The host wrappers below also copy the *whole* cache to the device on every call (the host-wrapper
+backend's paged cache lives in host memory); the resident model's cache lives on the GPU
+(runtime/paged_cache.py: DevicePagedKVCache) and calls `write_kv_gpu` and `paged_attention_gpu`
+through kernels/cuda/resident.py, copying nothing.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ from minillm.kernels.cuda.contiguous_attention import (
     load_query,
     merge_warps,
 )
-from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, threads_for, to_gpu
+from minillm.kernels.cuda.setup import WARP, blocks_for, empty_gpu, launch, threads_for, to_gpu, to_host
 from minillm.kernels.shapes import check_contiguous_cache, check_write_kv, paged_decode_rows, paged_prefill_rows
 
 
@@ -76,7 +77,7 @@ def write_kv_kernel(k_cache, v_cache, k, v, slot_mapping):
 
 def write_kv_gpu(k_cache, v_cache, k, v, slot_mapping) -> None:
     """Device arrays, the caches written in place (see write_kv_kernel). Checks nothing: see write_kv."""
-    write_kv_kernel[len(slot_mapping), threads_for(k.shape[1] * k.shape[2])](k_cache, v_cache, k, v, slot_mapping)
+    launch(write_kv_kernel[len(slot_mapping), threads_for(k.shape[1] * k.shape[2])], k_cache, v_cache, k, v, slot_mapping)
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
@@ -92,8 +93,8 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
         return
     k_gpu, v_gpu = to_gpu(k_cache), to_gpu(v_cache)
     write_kv_gpu(k_gpu, v_gpu, to_gpu(k), to_gpu(v), to_gpu(slot_mapping, np.int64))
-    k_gpu.copy_to_host(k_cache)
-    v_gpu.copy_to_host(v_cache)
+    to_host(k_gpu, out=k_cache)
+    to_host(v_gpu, out=v_cache)
 
 
 
@@ -130,7 +131,7 @@ def paged_attention_gpu(q, k_cache, v_cache, block_tables, query_seq, query_keys
     N, H, _ = q.shape
     out = empty_gpu(q.shape)  # (N, H, Dh)
     n_warps = min(MAX_WARPS, blocks_for(max_keys, KEYS_PER_WARP))
-    paged_attention_kernel[(N, H), n_warps * WARP](q, k_cache, v_cache, block_tables, query_seq, query_keys,
+    launch(paged_attention_kernel[(N, H), n_warps * WARP], q, k_cache, v_cache, block_tables, query_seq, query_keys,
                                                    np.float32(scale), out)
     return out
 
@@ -141,7 +142,7 @@ def _run(q, k_cache, v_cache, block_tables, query_seq, query_keys, scale):
     out = paged_attention_gpu(to_gpu(q), to_gpu(k_cache), to_gpu(v_cache), to_gpu(block_tables, np.int32),
                               to_gpu(query_seq, np.int64), to_gpu(query_keys, np.int64), int(query_keys.max()),
                               attention_scale(q.shape[2], scale))  # (N, H, Dh) device array
-    return out.copy_to_host()
+    return to_host(out)
 
 
 def paged_attention_decode(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,

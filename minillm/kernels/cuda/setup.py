@@ -8,13 +8,16 @@ correct and about a million times slower than a GPU, so under it we run tiny sha
 
 This module:
 - `cuda_available()`: which of the two we have, or why we have neither;
-- `to_gpu` / `empty_gpu`: host -> device copies (the only door in; it refuses clearly when there is
-  no CUDA at all);
+- `to_gpu` / `to_host` / `empty_gpu`: the only doors across the bus - every host -> device and
+  device -> host copy goes through `to_gpu` / `to_host`, which count them in `TRAFFIC` (copies and
+  bytes, each way), and refuse clearly when there is no CUDA at all;
+- `launch`: every kernel launch goes through it, counted in `TRAFFIC.launches`;
 - launch geometry helpers shared by the kernels;
 - the simulator's missing warp shuffles (see `_install_simulated_warp_shuffles`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -55,18 +58,57 @@ def require_cuda() -> None:
 
 
 # -----------------------------------------------------------------------------------------------
-# Host <-> device. Every host wrapper enters through to_gpu; kernels only ever see device arrays.
+# Host <-> device, and launches: counted here, the one place every copy and launch passes through.
+
+@dataclasses.dataclass
+class BusTraffic:
+    """Copies across the bus (each way: how many, how many bytes) and kernel launches, cumulative.
+
+    A step's figures are a difference of two snapshots: ``TRAFFIC.snapshot()`` before, then
+    ``TRAFFIC.since(before)``. One process-wide counter: the engine steps one forward at a time.
+    """
+    to_device_copies: int = 0
+    to_device_bytes: int = 0
+    to_host_copies: int = 0
+    to_host_bytes: int = 0
+    launches: int = 0
+
+    def snapshot(self) -> BusTraffic:
+        return dataclasses.replace(self)
+
+    def since(self, before: BusTraffic) -> BusTraffic:
+        return BusTraffic(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)})
+
+
+TRAFFIC = BusTraffic()
+
 
 def to_gpu(array: np.ndarray, dtype=np.float32):
     """Copy a host array to the GPU (C-contiguous, in `dtype`): a PCIe transfer, ~10-25 GB/s."""
     require_cuda()
-    return cuda.to_device(np.ascontiguousarray(array, dtype=dtype))
+    host = np.ascontiguousarray(array, dtype=dtype)
+    TRAFFIC.to_device_copies += 1
+    TRAFFIC.to_device_bytes += host.nbytes
+    return cuda.to_device(host)
+
+
+def to_host(device_array, out: np.ndarray | None = None) -> np.ndarray:
+    """Copy a device array back to host memory (into `out` if given) -> the host array."""
+    TRAFFIC.to_host_copies += 1
+    TRAFFIC.to_host_bytes += device_array.nbytes
+    return device_array.copy_to_host() if out is None else device_array.copy_to_host(out)
 
 
 def empty_gpu(shape, dtype=np.float32):
-    """Uninitialised device memory for a kernel's output (like np.empty, on the GPU)."""
+    """Uninitialised device memory for a kernel's output (like np.empty, on the GPU): no copy."""
     require_cuda()
     return cuda.device_array(shape, dtype=dtype)
+
+
+def launch(configured_kernel, *args) -> None:
+    """Run ``kernel[grid, block]`` on args, counting the launch (each costs ~5-10 us of CPU and driver)."""
+    TRAFFIC.launches += 1
+    configured_kernel(*args)
 
 
 # -----------------------------------------------------------------------------------------------
