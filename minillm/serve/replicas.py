@@ -387,11 +387,12 @@ async def measure_routing(routing: str, workload: SharedPrefixWorkload, num_repl
                           model: str | Path | None = None, **engine_options) -> dict:
     """Fresh replicas, ``workload`` through the HTTP endpoint: loadgen's figures (TTFT, throughput ...),
     the prefix-cache hit rate over the replicas (prompt tokens found cached / looked up) and the
-    requests each replica got. A coroutine, so that a notebook can await it (starting and deleting
-    the replicas block it for seconds: nothing else runs on its loop meanwhile)."""
+    requests each replica got. A coroutine, so that a notebook can await it (deleting the replicas
+    blocks its loop for seconds: nothing else runs on it meanwhile)."""
     engine = EngineConfig.create(model=model, threads=threads, **engine_options)
-    with Replicas(engine, ServerConfig(replicas=num_replicas, routing=routing)) as replicas, \
-            BackgroundServer(replicas.app) as server:
+    # Starting replicas waits on Ray's answers, which Ray refuses to wait for inside an event loop: a thread does it
+    replicas = await asyncio.to_thread(Replicas, engine, ServerConfig(replicas=num_replicas, routing=routing))
+    with replicas, BackgroundServer(replicas.app) as server:
         await warm_up(replicas.replicas)
         before, routed = await replicas.replicas.stats(), list(replicas.replicas.routed)
         prompts = workload.prompts(replicas.tokenizer)
