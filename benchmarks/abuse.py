@@ -103,9 +103,13 @@ def attacks(model: str, rng: random.Random, long_prompt: str) -> dict:
             "choice_with_min_tokens": {"prompt": "Answer yes:", "max_tokens": 20, "min_tokens": 10,
                                        "guided_choice": ["yes"]},
             "json_max_length_5000": {"guided_json": {"type": "string", "maxLength": 5000}},
-            "json_minimum_1e400": {"guided_json": json.loads('{"type": "number", "minimum": 1e400}')},
             "pattern_lone_surrogate": {"guided_json": {"type": "string", "pattern": "^\\ud800$"}},
         }.items()},
+        # 1e400 is a valid JSON number (inf once parsed) that json.dumps cannot write: sent as text
+        "json_minimum_1e400": [("POST", "/v1/completions", {
+            "content": f'{{"model": "{model}", "prompt": "Hi", "max_tokens": 4, '
+                       f'"guided_json": {{"type": "number", "minimum": 1e400}}}}',
+            "headers": {"Content-Type": "application/json"}}), probe],
         "constraint_next_to_streams": [*([("POST", "/v1/completions", {"json": {
             "model": model, "prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True, "stream": True}})] * 2),
             ("POST", "/v1/completions", {"json": {"model": model, "prompt": "Answer yes:", "max_tokens": 20,
