@@ -61,6 +61,11 @@ class GrammarIndex:
         self._byte_tokens = {d[0]: t for t, d in enumerate(data) if len(d) == 1 and t not in excluded}
         self._per_state: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._masks: OrderedDict = OrderedDict()
+        # The first mask, made now: the server builds an index in its compile thread, so the engine
+        # thread's first step finds it (on a cold Numba cache this also compiles the walks: ~6 s).
+        self.allowed_with_costs(frozenset({(pushdown.start, ())}))
+        check_tokens(*self._arrays(), pushdown.start, np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64),
+                     np.zeros(0, dtype=np.int64), self.token_offsets, self.token_bytes)
 
     def byte_token(self, value: int) -> int:
         """The token of the single byte `value` (byte-level BPE has one for every byte)."""
@@ -204,7 +209,7 @@ def _buffers(levels):
     return st, base, ln, loc
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)   # nogil: the compile thread walks while the engine thread runs
 def trie_walk(table, accepting, call_offsets, call_targets, call_returns, close, g, real, real_cost,
               parent, byte, depth, subtree_end, token_starts, token_ids, vocab_size, max_depth):
     """Walk the vocabulary trie from (g, stack `real`): the sorted ids allowed, the fewest bytes
@@ -258,7 +263,7 @@ def _closing_cost(close, st, base, ln, loc, n, real_cost):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def check_tokens(table, accepting, call_offsets, call_targets, call_returns, close, g, real, real_cost,
                  candidates, token_offsets, token_bytes):
     """(K,) bool: each candidate token's bytes can be read from (g, real stack); (K,) the fewest
