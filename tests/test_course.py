@@ -916,3 +916,44 @@ def test_the_glossary_has_sixty_bilingual_terms_each_with_the_chapter_that_build
 def test_chapter_00_links_the_glossary():
     map_chapter = json.loads((REPO / "chapters" / "00_map.ipynb").read_text(encoding="utf-8"))
     assert any("](glossary.md)" in source for source in markdown_sources(map_chapter))
+
+
+# -----------------------------------------------------------------------------------------------
+# chapter 12's seats (issue 29): the router's rule, seated through router.cache_aware_choice
+
+
+def ch12_routing(smollm2_path):
+    """your_code's routing run on chapter 12's shared-prefix workload: (package's, learner's) outcome, reach."""
+    from minillm.course.learner_ops import Reach
+    from minillm.llm import load_tokenizer
+    your_code_module = sys.modules["minillm.course.your_code"]  # course.your_code is the function
+    reach = Reach()
+    return your_code_module._routing("ch12", load_tokenizer(smollm2_path), reach), reach
+
+
+def test_ch12_seat_routing_reaches_a_correct_rule_once_a_request_and_routes_as_the_package(smollm2_path, monkeypatch):
+    from minillm.serve import router
+    copy_package_in(monkeypatch, "ch12_scale_out")
+    package_rule = router.cache_aware_choice
+    (package, yours), reach = ch12_routing(smollm2_path)
+    (choices,), per_replica = package
+    assert yours == package and sum(per_replica) == len(choices) == 24  # SharedPrefixWorkload's 24 requests
+    assert set(choices) == {0, 1}
+    assert reach["ch12_cache_aware_routing"] == 24   # CacheAware.choose asks the rule once a request
+    assert router.cache_aware_choice is package_rule  # put back after the run
+
+
+@pytest.mark.parametrize("wrong", ["ignores the prefix", "ignores the imbalance limit"])
+def test_ch12_seat_a_wrong_routing_rule_changes_the_replicas_chosen(smollm2_path, monkeypatch, wrong):
+    from minillm.serve.router import least_loaded
+
+    def my_choice(block_hashes, loads, last_served, max_imbalance):
+        if wrong == "ignores the prefix":
+            return least_loaded(loads)
+        owners = [last_served[h] for h in reversed(block_hashes) if h in last_served]
+        return owners[0] if owners else least_loaded(loads)
+
+    monkeypatch.setattr(learner_module("ch12_scale_out"), "cache_aware_choice", my_choice)
+    (package, yours), reach = ch12_routing(smollm2_path)
+    assert reach["ch12_cache_aware_routing"] == 24
+    assert yours[0] != package[0], f"a rule that {wrong} routed as the package's: the seat is not live"

@@ -13,6 +13,7 @@ Kinds of seat (``Seat.kind``):
 ``path`` says which of your_code's runs reaches it: one request on a contiguous KV cache
 (chapter 06's Generation; greedy on fp32 K/V, and a seeded sampled one on int8 K/V), or the paged
 engine (chapters 07-08, LLMEngine, with a KV budget small enough to preempt).
+ROUTER: chapter 12's routing run - the replica set's routing policy on a shared-prefix workload.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from minillm.course.tasks import all_tasks, chapter_of, is_blank_stub, task
 
 SINGLE, ENGINE, BOTH = "single", "engine", "both"  # which run reaches a seat (see the docstring)
+ROUTER = "router"  # chapter 12's routing run
 KERNEL, SWAP, CALL, CUDA, HOOK = "kernel", "swap", "call", "cuda", "hook"
 
 
@@ -88,8 +90,9 @@ SEATS = {
     "ch11_token_mask": Seat(HOOK, note="the same hook, for the token mask of each DFA state"),
     "ch12_column_row_linear": Seat(HOOK, note="needs the tensor-parallel ranks to take their split linear "
                                               "layers from one module attribute"),
-    "ch12_cache_aware_routing": Seat(HOOK, note="needs the router to take its routing rule from one module "
-                                                "attribute"),
+    "ch12_cache_aware_routing": swap(("minillm.serve.router", "cache_aware_choice"), path=ROUTER,
+                                     note="the replica set's cache-aware policy (make_policy, as ReplicaSet "
+                                          "builds it) routes chapter 12's shared-prefix workload, without Ray"),
 }
 
 

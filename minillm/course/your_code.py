@@ -8,6 +8,8 @@ Runs, each made twice - on the package, then on the learner's pieces - and compa
                at once, so that the scheduler preempts                               (from ch07)
     speculate  one repetitive request through the engine speculating with n-grams   (from ch10)
     cuda       chapter 03's kernels in a tiny model's forward, in a process of its own (from ch03)
+    routing    chapter 12's shared-prefix workload through the replica set's cache-aware policy,
+               replica by replica (no Ray: the policy is pure Python)               (from ch12)
 Chapter 01's roofline and decode ceiling predict the decode speed the greedy run then measures.
 """
 from __future__ import annotations
@@ -28,7 +30,9 @@ from minillm.model import loader
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.quality import Int8KVCache
 from minillm.model.transformer import Model
+from minillm.runtime.config import EngineConfig
 from minillm.runtime.paged_cache import bytes_per_token
+from minillm.serve.router import make_policy
 
 ENGINE_PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 SPECULATE_PROMPT = "one two three four five one two three four five one two three four five one two"
@@ -121,6 +125,8 @@ def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) 
         runs[name] = (package[name], yours[name])
     if chapter >= "ch03":
         runs["cuda"] = cuda_seat.run(chapter, reach)
+    if chapter >= "ch12":
+        runs["routing"] = _routing(chapter, tokenizer, reach)
     runs["_decode_tokens_per_s"] = decode_tokens_per_s
     return runs
 
@@ -178,6 +184,40 @@ def _loading(model: Model):
         yield
     finally:
         llm_module.load_model = original
+
+
+# ----------------------------------------------------------------------------------------------
+# chapter 12: routing
+
+ROUTING_REPLICAS = 2
+ROUTING_IN_FLIGHT = 6  # arrivals a routed request stays in flight: loads build up, so the rule's
+# imbalance limit decides some requests as well as its prefix affinity
+
+
+def _routing(chapter: str, tokenizer, reach: Reach) -> tuple[tuple, tuple]:
+    """Chapter 12's shared-prefix workload routed by the package's cache-aware rule, then by the
+    learner's (``router.cache_aware_choice`` swapped): (replica of each request, requests per replica), each."""
+    from minillm.serve.replicas import SharedPrefixWorkload  # the workload measure_routing sends
+    prompts = SharedPrefixWorkload().prompts(tokenizer)
+    package = _route(prompts)
+    with learner_seats(chapter, reach):
+        yours = _route(prompts)
+    return package, yours
+
+
+def _route(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The policy a ReplicaSet builds for routing="cache-aware" choosing a replica for each prompt in
+    turn, with the loads ReplicaSet.submit keeps: +1 when routed, -1 when it finishes, here
+    ROUTING_IN_FLIGHT arrivals later."""
+    policy = make_policy("cache-aware", EngineConfig().block_size)
+    in_flight, choices = [0] * ROUTING_REPLICAS, []
+    for i, prompt in enumerate(prompts):
+        if i >= ROUTING_IN_FLIGHT:
+            in_flight[choices[i - ROUTING_IN_FLIGHT]] -= 1
+        choice = policy.choose(prompt, in_flight)
+        in_flight[choice] += 1
+        choices.append(choice)
+    return [choices], [choices.count(r) for r in range(ROUTING_REPLICAS)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,4 +321,6 @@ def _describe(name: str, outcome: tuple) -> str:
         return f"{len(tokens)} requests, {sum(map(len, tokens))} tokens, {extra} preemptions"
     if name == "cuda":
         return f"a tiny model's argmax tokens on {extra}"
+    if name == "routing":
+        return f"{len(tokens[0])} requests routed, {extra} to each replica"
     return f"{sum(map(len, tokens))} tokens"
