@@ -47,11 +47,17 @@ def _generate(args) -> int:
 
 
 def _chat(args) -> int:
-    """Each turn streams through the engine, so the conversation so far is found in its prefix cache."""
     from minillm.llm import LLM
 
-    params = _sampling_params(args)
-    llm = LLM(_engine_config(args))
+    params, config = _sampling_params(args), _engine_config(args)
+    if not args.exercises:
+        return _converse(LLM(config), params)
+    with _learner_engine() as load:
+        return _converse(load(config), params)
+
+
+def _converse(llm, params) -> int:
+    """Each turn streams through the engine, so the conversation so far is found in its prefix cache."""
     print(f"minillm chat - {llm.path.name}. /reset starts over, /exit leaves, Ctrl-C stops an answer.")
     history: list[dict] = []
     while True:
@@ -122,11 +128,24 @@ def _serve(args) -> int:
         raise ValueError("--ray-dashboard is Ray's, which runs only with --replicas N")
     if server.replicas is not None and engine.tensor_parallel_size > 1:
         raise ValueError("--tensor-parallel-size and --replicas do not combine yet: each replica is one process")
+    if server.replicas is not None and args.exercises:
+        raise ValueError("--exercises seats your pieces in this process: it does not combine with --replicas")
     if server.replicas is not None:  # the same server, N engines on Ray Serve behind it
         from minillm.serve.replicas import main as serve_main
     else:
         from minillm.serve.app import main as serve_main
-    return serve_main(engine, server)
+    if not args.exercises:
+        return serve_main(engine, server)
+    with _learner_engine() as load:
+        return serve_main(engine, server, load)
+
+
+def _learner_engine():
+    """``--exercises``: the course's learner_engine (every written piece of exercises/ in its seat,
+    while the block runs); the course is imported only then."""
+    from minillm.course.learner_server import learner_engine
+
+    return learner_engine()
 
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -212,6 +231,8 @@ def config_from_args(cls, args: argparse.Namespace):
     return cls(**values)
 
 
+EXERCISES_HELP = ("run on your code: every piece you have written in exercises/ where the engine (and the "
+                  "server) calls it, your kernels as the backend; prints which pieces are yours")
 SERVER_ENGINE_DEFAULTS = {"max_n": 8}  # a server's abuse limit (issue 27): n x the work for one request
 
 
@@ -242,11 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--seed", type=int, default=None)
         add_config_flags(p, EngineConfig)
+        if name == "chat":
+            p.add_argument("--exercises", action="store_true", help=EXERCISES_HELP)
         p.set_defaults(run=_generate if name == "generate" else _chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (SSE streaming, /metrics)")
     add_config_flags(p, EngineConfig, SERVER_ENGINE_DEFAULTS)
     add_config_flags(p, ServerConfig)
+    p.add_argument("--exercises", action="store_true", help=EXERCISES_HELP)
     p.set_defaults(run=_serve)
 
     p = sub.add_parser("bench", help="side-by-side benchmarks: decode, throughput, serve (JSON results)")

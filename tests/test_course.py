@@ -411,7 +411,7 @@ def test_your_code_on_the_package_solutions_reaches_every_seated_task(tmp_path, 
             assert piece["whose"] == "package (no seat yet)" and piece["where"], marker
         else:
             assert piece["whose"] == "yours" and piece["reached"] > 0, piece
-    assert set(result["runs"]) == {"greedy", "sampled", "engine", "speculate", "cuda"}
+    assert set(result["runs"]) == {"greedy", "sampled", "engine", "serve", "speculate", "cuda"}
     for name, (package, yours) in result["runs"].items():
         assert package == yours, name
     # and the greedy tokens are SmolLM2's: transformers' greedy continuation of the same prompt
@@ -957,3 +957,43 @@ def test_ch12_seat_a_wrong_routing_rule_changes_the_replicas_chosen(smollm2_path
     (package, yours), reach = ch12_routing(smollm2_path)
     assert reach["ch12_cache_aware_routing"] == 24
     assert yours[0] != package[0], f"a rule that {wrong} routed as the package's: the seat is not live"
+# chapter 09's seats: the server run's SSE reader and latency checks (course/learner_server.py);
+# the runs themselves are in tests/test_serve_exercises.py
+
+
+def test_ch09_seat_sse_data_reads_what_the_openai_client_reads():
+    from openai._streaming import SSEDecoder
+
+    from minillm.course.learner_server import sse_data
+
+    raw = ('data: {"a": 1}\n\n: a comment\ndata: {"b":\ndata: 2}\n\nevent: x\r\ndata:{"c": "d: e"}\r\n\r\n'
+           "data: [DONE]\n\n")
+    client = [event.data for event in SSEDecoder().iter_bytes([raw.encode()])]
+    assert sse_data(raw) == client[:-1] and client[-1] == "[DONE]"
+    for broken in ('data: {"a": 1}\n\n', 'data: {"a": 1}\n\ndata: [DONE]\n'):
+        with pytest.raises(ValueError):
+            sse_data(broken)
+
+
+def test_ch09_seat_metric_problems_name_each_broken_definition():
+    from minillm.course.learner_server import metric_problems
+
+    # one request of 4 tokens: first at 0.5 s, then gaps of 0.1, 0.2, 0.3 s, done at 1.1 s
+    right = {"ttft_count": 1, "ttft_sum": 0.5, "e2e_count": 1, "e2e_sum": 1.1, "itl_count": 3, "itl_sum": 0.6,
+             "tpot_count": 1, "tpot_sum": 0.2}
+    assert metric_problems(right, 4, wall=1.2) == []
+    for change, words in [({"tpot_sum": 0.6 / 4}, "TPOT is"), ({"itl_sum": 0.5}, "gaps add up"),
+                          ({"itl_count": 4}, "ITL observed 4 times, not 3"), ({"ttft_sum": 1.2}, "not 0 < TTFT")]:
+        problems = metric_problems({**right, **change}, 4, wall=1.2)
+        assert problems and words in problems[0], (change, problems)
+    assert "E2E" in metric_problems(right, 4, wall=1.0)[0]  # longer than the client waited
+
+
+def test_ch09_seat_the_server_imports_no_course_and_exercises_refuses_replicas():
+    code = ("import sys, minillm.serve.app, minillm.cli\n"
+            "assert not [m for m in sys.modules if m.startswith('minillm.course')], 'serve/ imported the course'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    run = subprocess.run([sys.executable, "-m", "minillm", "serve", "--exercises", "--replicas", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--exercises" in run.stderr and "--replicas" in run.stderr, run.stderr

@@ -12,7 +12,9 @@ Kinds of seat (``Seat.kind``):
 - HOOK: no seat yet - the note names the hook in the engine or server it needs.
 ``path`` says which of your_code's runs reaches it: one request on a contiguous KV cache
 (chapter 06's Generation; greedy on fp32 K/V, and a seeded sampled one on int8 K/V), or the paged
-engine (chapters 07-08, LLMEngine, with a KV budget small enough to preempt).
+engine (chapters 07-08, LLMEngine, with a KV budget small enough to preempt), or the server (from
+chapter 09: one streamed completion through the OpenAI app in process, then /metrics; it runs
+the paged engine too, so BOTH's seats are reached there as well).
 ROUTER: chapter 12's routing run - the replica set's routing policy on a shared-prefix workload.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from minillm.course.tasks import all_tasks, chapter_of, is_blank_stub, task
 
-SINGLE, ENGINE, BOTH = "single", "engine", "both"  # which run reaches a seat (see the docstring)
+SINGLE, ENGINE, BOTH, SERVER = "single", "engine", "both", "server"  # which run reaches a seat (see the docstring)
 ROUTER = "router"  # chapter 12's routing run
 KERNEL, SWAP, CALL, CUDA, HOOK = "kernel", "swap", "call", "cuda", "hook"
 
@@ -33,7 +35,7 @@ KERNEL, SWAP, CALL, CUDA, HOOK = "kernel", "swap", "call", "cuda", "hook"
 class Seat:
     kind: str
     targets: tuple[tuple[str, str], ...] = ()  # SWAP: (module, attribute) the engine calls, set to the learner's
-    path: str | None = None                    # SINGLE, ENGINE or BOTH; None for CALL, CUDA and HOOK
+    path: str | None = None                    # SINGLE, ENGINE, BOTH or SERVER; None for CALL, CUDA and HOOK
     note: str = ""                             # what reaches it, or the hook it needs
 
 
@@ -72,9 +74,10 @@ SEATS = {
     "ch08_preemption": swap(("minillm.runtime.scheduler", "choose_victim"), path=ENGINE,
                             note="the engine run's KV budget is too small for all its requests at once"),
     "ch08_batched_sampling": swap(("minillm.runtime.engine", "Sampler"), ("minillm.generation.generate", "Sampler")),
-    "ch09_sse_event": Seat(HOOK, note="needs the server to take its SSE encoder from the course "
-                                      "(serve --exercises): the stream of chunks is written by minillm.serve"),
-    "ch09_metric": Seat(HOOK, note="needs the learner's server (serve --exercises) to compute its latency metric"),
+    "ch09_sse_event": swap(("minillm.serve.routes", "sse_event"), path=SERVER,
+                           note="every event of the server's streamed completions"),
+    "ch09_metric": swap(("minillm.serve.metrics", "request_latencies"), path=SERVER,
+                        note="TTFT, ITL, TPOT and E2E of each finished request, in /metrics"),
     "ch09_stop_stream": swap(("minillm.generation.output", "StopStringFilter")),
     "ch10_ngram_drafter": swap(("minillm.generation.speculative", "ngram_propose"), path=ENGINE,
                                note="the speculative engine run (method 'ngram')"),

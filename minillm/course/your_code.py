@@ -6,6 +6,7 @@ Runs, each made twice - on the package, then on the learner's pieces - and compa
     sampled    a seeded request (temperature 0.8, top_p 0.9) on an int8 KV cache     (from ch04)
     engine     three requests through the paged engine, on a KV budget too small for all three
                at once, so that the scheduler preempts                               (from ch07)
+    serve      one streamed completion through the OpenAI server app, then /metrics  (from ch09)
     speculate  one repetitive request through the engine speculating with n-grams   (from ch10)
     cuda       chapter 03's kernels in a tiny model's forward, in a process of its own (from ch03)
     routing    chapter 12's shared-prefix workload through the replica set's cache-aware policy,
@@ -19,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minillm.course import cuda_seat
+from minillm.course import cuda_seat, learner_server
 from minillm.course.learner_ops import Reach, learner_backend
 from minillm.course.seats import CALL, CUDA, HOOK, KERNEL, SEATS, learner_pieces, learner_seats, tasks_up_to, written
 from minillm.course.tasks import task
@@ -107,6 +108,8 @@ def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) 
         package["sampled"] = _single(package_model, tokenizer, prompt, sampled, int8_kv=True)
     if chapter >= "ch07":
         package["engine"] = _engine(path, package_model, ENGINE_PROMPTS, greedy, **kv)
+    if chapter >= "ch09":
+        package["serve"] = learner_server.serve_run(path, package_model, prompt, max_tokens)
     if chapter >= "ch10":
         package["speculate"] = _engine(path, package_model, [SPECULATE_PROMPT], greedy,
                                        speculative={"method": "ngram", "num_speculative_tokens": 4})
@@ -118,6 +121,8 @@ def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) 
             yours["sampled"] = _single(model, load_tokenizer(path), prompt, sampled, int8_kv=True)
         if chapter >= "ch07":
             yours["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, **kv)
+        if chapter >= "ch09":
+            yours["serve"] = learner_server.serve_run(path, model, prompt, max_tokens)
         if chapter >= "ch10":
             yours["speculate"] = _engine(path, model, [SPECULATE_PROMPT], greedy,
                                          speculative={"method": "ngram", "num_speculative_tokens": 4})
@@ -323,4 +328,6 @@ def _describe(name: str, outcome: tuple) -> str:
         return f"a tiny model's argmax tokens on {extra}"
     if name == "routing":
         return f"{len(tokens[0])} requests routed, {extra} to each replica"
+    if name == "serve":
+        return f"the streamed text and its latencies: {tokens[1]}; {extra}"
     return f"{sum(map(len, tokens))} tokens"

@@ -28,6 +28,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -145,12 +146,14 @@ class BackgroundServer:
         self.stop()
 
 
-def main(engine: EngineConfig = EngineConfig(), server: ServerConfig = ServerConfig()) -> int:
-    """``minillm serve``: load the model, print how to call it, serve until SIGTERM or Ctrl-C (``shutdown.py``)."""
+def main(engine: EngineConfig = EngineConfig(), server: ServerConfig = ServerConfig(),
+         load: Callable[[EngineConfig], LLM] = LLM) -> int:
+    """``minillm serve``: load the model, print how to call it, serve until SIGTERM or Ctrl-C (``shutdown.py``).
+    ``load`` builds the LLM from ``engine`` (``serve --exercises``: on the learner's pieces, minillm.course)."""
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # a bad combination fails before the model loads
     server = dataclasses.replace(server, api_key=auth.resolve_api_key(server.api_key, server.protect_metrics))
-    llm = LLM(engine)
+    llm = load(engine)
     kv_bytes = llm.engine.commit_kv_cache()  # the server's memory is its size under load, from the start
     app = llm_app(llm, server)
     name, url = app.state.model_name, f"http://{server.host}:{server.port}"

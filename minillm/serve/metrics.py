@@ -4,7 +4,13 @@
     counters    prompt_tokens, generation_tokens, num_preemptions, prefix_cache_queries,
                 prefix_cache_hits (both in tokens), request_success{finished_reason}
     histograms  time_to_first_token_seconds, inter_token_latency_seconds,
-                e2e_request_latency_seconds, request_queue_time_seconds
+                request_time_per_output_token_seconds, e2e_request_latency_seconds,
+                request_queue_time_seconds
+
+A finished request's TTFT, ITL, TPOT and E2E come from ``request_latencies`` - the load generator's
+(``loadgen.py``), on the engine's timestamps instead of a client's: one definition of each latency
+for both ends, called through this module's attribute (``minillm serve --exercises`` puts chapter
+09's there).
 
 Every series carries a ``model_name`` label, as vLLM's do, so dashboards built for vLLM work on
 ``minillm:`` unchanged. Each app owns its registry: two servers in one process (tests, notebooks)
@@ -27,6 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from minillm.runtime.engine import EngineStats, Request
+from minillm.runtime.sequence import SequenceTimes
+from minillm.serve.loadgen import request_latencies
 
 PREFIX = "minillm:"
 # Seconds, from a fast GPU's milliseconds to a busy CPU's tens of seconds.
@@ -92,6 +100,8 @@ class ServerMetrics:
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.")
         self.itl = histogram("inter_token_latency_seconds", "Gap between consecutive tokens of a sequence.")
+        self.tpot = histogram("request_time_per_output_token_seconds",
+                              "Per sequence: (E2E - TTFT) / (output tokens - 1), for two tokens or more.")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the last token of a request.")
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.")
 
@@ -108,12 +118,24 @@ class ServerMetrics:
         times = request.times  # one per completion; they share the arrival and the first schedule
         first = times[0]
         self.queue_time.observe(first.first_scheduled - first.arrival)
-        self.ttft.observe(min(t.first_token for t in times) - first.arrival)
-        self.e2e.observe(max(t.finished for t in times) - first.arrival)
-        for t, output in zip(times, request.outputs):
-            for earlier, later in zip(t.tokens, t.tokens[1:]):
-                self.itl.observe(later - earlier)
+        for output in request.outputs:
             self.success.labels(self.model_name, output.finish_reason).inc()
+        try:
+            self.observe_latencies(times)
+        except Exception:  # a learner's request_latencies (serve --exercises) must not stop the engine thread
+            log.exception("the latencies of request %s failed: it is left out of the latency histograms",
+                          request.request_id)
+
+    def observe_latencies(self, times: list[SequenceTimes]) -> None:
+        """Each completion's latencies, from its arrival, the instant of each of its tokens and its end."""
+        latencies = [request_latencies(t.arrival, t.tokens, t.finished, len(t.tokens)) for t in times]
+        self.ttft.observe(min(lat.ttft for lat in latencies))  # the request's first token, of any completion
+        self.e2e.observe(max(lat.e2e for lat in latencies))    # ... and its last
+        for lat in latencies:
+            for gap in lat.itl:
+                self.itl.observe(gap)
+            if lat.tpot is not None:
+                self.tpot.observe(lat.tpot)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -35,7 +35,8 @@ from minillm.serve.client import EngineFailure, RequestStream
 from minillm.serve.errors import APIError, bad_request, error_body
 from minillm.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from minillm.serve.responses import ChatResponseBuilder, CompletionResponseBuilder, ResponseBuilder
-from minillm.serve.sse import SSE_DONE, sse_event
+from minillm.serve.sse import SSE_DONE, sse_event  # every event is written through this module's
+# sse_event (``minillm serve --exercises`` puts chapter 09's there)
 
 log = logging.getLogger("minillm.serve")
 
