@@ -934,7 +934,7 @@ ENGINE_SEATED = {  # task -> (exercise module, the learner's name, the package's
 }
 
 
-def test_the_speculative_and_constrained_pieces_are_swapped_at_the_attributes_the_engine_calls(monkeypatch):
+def test_the_speculative_and_constrained_seats_are_the_attributes_the_engine_calls(monkeypatch):
     for marker, (exercise, name, owner) in ENGINE_SEATED.items():
         assert seats.SEATS[marker].kind == seats.SWAP and seats.SEATS[marker].targets == ((owner, name),), marker
     def written_piece():

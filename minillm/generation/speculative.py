@@ -190,7 +190,8 @@ def verify_draft(sampler: Sampler, logits: np.ndarray, state: SamplingState, dra
                 return [], [], stuck
             break
         views.append(view)
-    rows, judged = logits[:len(views)], list(draft[:len(views) - 1])    # (n, V): n - 1 guesses, one row of the target's
+    # the n rows the rule judges (n, V): one per guess it may keep, then one for its own token
+    rows, judged = logits[:len(views)], [int(t) for t in draft[:len(views) - 1]]
     if state.params.greedy:
         tokens = greedy_accept(judged, sampler.sample(rows, views).token_ids.tolist())
     else:

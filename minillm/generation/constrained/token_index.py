@@ -150,6 +150,9 @@ class TokenIndex:
         for state in range(self.num_states):
             budget.check_time()
             allowed = np.unique(np.asarray(allowed_tokens(self.dfa, state, token_bytes, self.eos_id), dtype=np.int64))
+            if allowed.size and not 0 <= allowed[0] <= allowed[-1] < len(token_bytes):
+                raise ValueError(f"allowed_tokens gave state {state} token ids outside the vocabulary of "
+                                 f"{len(token_bytes)}: {allowed[(allowed < 0) | (allowed >= len(token_bytes))][:5]}")
             ids += allowed.tolist()    # sorted, each once: next_state looks a token up by bisection
             nexts += [state if t == self.eos_id else self.dfa.walk(token_bytes[t], state) for t in allowed.tolist()]
             if 8 * len(ids) > limit:
