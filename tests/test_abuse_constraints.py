@@ -123,7 +123,7 @@ def test_the_index_cache_is_bounded_in_bytes_least_recently_used_out():
     cache("b{1,40}", tokenizer)
     assert cache("a{1,40}", tokenizer) is first              # a hit, and now the most recently used
     cache("c{1,40}", tokenizer)                              # over the bound: b goes, a stays
-    assert [p for p, _ in cache.entries] == ["a{1,40}", "c{1,40}"]
+    assert [key[0] for key in cache.entries] == ["a{1,40}", "c{1,40}"]   # (pattern, tokenizer, builders)
     assert cache.nbytes == sizes["a{1,40}"] + sizes["c{1,40}"] <= cache.max_bytes
     assert isinstance(token_index, TokenIndexCache)          # the one the engine uses is bounded too
 

@@ -1,4 +1,6 @@
 """The token index against brute force: decode each token, run the byte DFA from the state."""
+import importlib
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,24 @@ def test_real_vocabulary_against_brute_force(smollm2_path):
         index = token_index(pattern, tokenizer)
         states = rng.choice(index.num_states, size=min(4, index.num_states), replace=False)
         check_index(pattern, tokenizer, [0, *map(int, states)])
+
+
+def test_another_mask_in_place_of_allowed_tokens_is_asked_state_by_state_and_never_served_the_cached_index(
+        tiny_tokenizer, monkeypatch):
+    """The course's seat for chapter 11's token mask: the index asks the function set there for each
+    state (brute force's index all the same), and the cache keeps it apart from the trie-walked one."""
+    module = importlib.import_module("minillm.generation.constrained.token_index")
+    pattern, asked = PATTERNS[1], []
+
+    def mask(dfa, state, token_bytes, eos_id=None):
+        asked.append(state)
+        return module.TRIE_WALK_COMPUTES(dfa, state, token_bytes, eos_id)
+
+    walked = token_index(pattern, tiny_tokenizer)
+    monkeypatch.setattr(module, "allowed_tokens", mask)
+    index = check_index(pattern, tiny_tokenizer, range(walked.num_states))
+    assert index is not walked and asked == list(range(index.num_states))
+    monkeypatch.setattr(module, "allowed_tokens", lambda dfa, state, token_bytes, eos_id=None: [])
+    assert token_index(pattern, tiny_tokenizer).allowed(0).size == 0   # a wrong mask is what the index holds
+    monkeypatch.undo()
+    assert token_index(pattern, tiny_tokenizer) is walked

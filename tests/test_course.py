@@ -2,6 +2,7 @@
 backend and seats, SmolLM2 on the learner's code, the committed notebooks' freshness and task
 order, each chapter's closing readings, and the bilingual glossary."""
 import ast
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -411,7 +412,8 @@ def test_your_code_on_the_package_solutions_reaches_every_seated_task(tmp_path, 
             assert piece["whose"] == "package (no seat yet)" and piece["where"], marker
         else:
             assert piece["whose"] == "yours" and piece["reached"] > 0, piece
-    assert set(result["runs"]) == {"greedy", "sampled", "engine", "serve", "speculate", "cuda"}
+    assert set(result["runs"]) == {"greedy", "sampled", "engine", "serve", "speculate", "speculate_sampled",
+                                   "constrained", "cuda", "routing"}
     for name, (package, yours) in result["runs"].items():
         assert package == yours, name
     # and the greedy tokens are SmolLM2's: transformers' greedy continuation of the same prompt
@@ -997,3 +999,136 @@ def test_ch09_seat_the_server_imports_no_course_and_exercises_refuses_replicas()
     run = subprocess.run([sys.executable, "-m", "minillm", "serve", "--exercises", "--replicas", "2"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--exercises" in run.stderr and "--replicas" in run.stderr, run.stderr
+# issue 29: chapters 10 and 11's pieces in the engine - the speculative verify's acceptance rules,
+# and the NFA, DFA and token mask of the guide that constrains SmolLM2
+
+YOUR_CODE = importlib.import_module("minillm.course.your_code")
+ENGINE_SEATED = {  # task -> (exercise module, the learner's name, the package's function)
+    "ch10_greedy_accept": ("ch10_speculative", "greedy_accept", "minillm.generation.speculative"),
+    "ch10_rejection_sampling": ("ch10_speculative", "rejection_sample", "minillm.generation.speculative"),
+    "ch11_thompson": ("ch11_structured_output", "thompson", "minillm.generation.constrained.automata"),
+    "ch11_subset_construction": ("ch11_structured_output", "determinize", "minillm.generation.constrained.automata"),
+    "ch11_token_mask": ("ch11_structured_output", "allowed_tokens", "minillm.generation.constrained.token_index"),
+}
+
+
+def test_the_speculative_and_constrained_seats_are_the_attributes_the_engine_calls(monkeypatch):
+    for marker, (exercise, name, owner) in ENGINE_SEATED.items():
+        assert seats.SEATS[marker].kind == seats.SWAP and seats.SEATS[marker].targets == ((owner, name),), marker
+    def written_piece():
+        def piece(*args, **kwargs):
+            return None
+        return piece
+
+    mine = {marker: written_piece() for marker in ENGINE_SEATED}
+    for marker, (exercise, name, _) in ENGINE_SEATED.items():
+        monkeypatch.setattr(learner_module(exercise), name, mine[marker])
+    with seats.learner_seats("ch11") as swapped:
+        assert set(ENGINE_SEATED) <= set(swapped)
+        for marker, (_, name, owner) in ENGINE_SEATED.items():
+            assert getattr(importlib.import_module(owner), name) is mine[marker], marker
+    for marker, (_, name, owner) in ENGINE_SEATED.items():
+        assert getattr(importlib.import_module(owner), name) is not mine[marker], f"{marker} was not put back"
+
+
+@pytest.mark.slow
+def test_your_code_runs_the_learners_acceptance_rules_nfa_dfa_and_mask_in_the_engine(smollm2_path, monkeypatch,
+                                                                                    capsys):
+    calls = {marker: 0 for marker in ENGINE_SEATED}
+
+    def recorded(marker, fn):   # the package's own function, written in by the learner
+        def piece(*args, **kwargs):
+            calls[marker] += 1
+            return fn(*args, **kwargs)
+        return piece
+
+    for marker, (exercise, name, owner) in ENGINE_SEATED.items():
+        monkeypatch.setattr(learner_module(exercise), name,
+                            recorded(marker, getattr(importlib.import_module(owner), name)))
+    result = course.your_code(chapter="ch11", max_tokens=8, model=smollm2_path)
+    pieces = {p.task: p for p in result.pieces}
+    for marker in ENGINE_SEATED:
+        assert pieces[marker].whose == "yours" and pieces[marker].reached > 0 and calls[marker] > 0, pieces[marker]
+    assert {"speculate", "speculate_sampled", "constrained"} <= set(result.runs)
+    assert result.equal, {name: run for name, run in result.runs.items() if run[0][0] != run[1][0]}
+    text = YOUR_CODE.load_tokenizer(smollm2_path).decode(result.runs["constrained"][1][0][0], skip_special_tokens=True)
+    assert re.fullmatch(YOUR_CODE.CONSTRAINED_REGEX, text), text   # the learner's guide kept to the pattern
+    assert "constrained: the same" in capsys.readouterr().out
+
+
+# The package's own, taken before any seat is swapped: a wrong piece below builds on them (the name
+# at the seat is the wrong piece itself while it runs).
+from minillm.generation.constrained import automata as package_automata  # noqa: E402
+from minillm.generation.constrained.token_index import TRIE_WALK_COMPUTES as package_allowed_tokens  # noqa: E402
+
+PACKAGE_THOMPSON, PACKAGE_DETERMINIZE = package_automata.thompson, package_automata.determinize
+
+
+def keeps_no_draft_token(draft, target_argmax):   # greedy_accept without the agreeing prefix
+    return [int(target_argmax[-1])]
+
+
+def draws_only_the_bonus_token(draft, q, p, rng):   # rejection_sample without the kept draft tokens
+    return [int(rng.choice(p.shape[1], p=p[-1]))]
+
+
+def thompson_of_the_last_option(node, budget=None):   # an alternation that keeps only its last option
+    from minillm.generation.constrained.regex import Alternate, Concat, Repeat
+
+    def last(n):
+        if isinstance(n, Alternate):
+            return last(n.options[-1])
+        if isinstance(n, Concat):
+            return Concat(tuple(last(part) for part in n.parts))
+        return Repeat(last(n.node), n.lo, n.hi) if isinstance(n, Repeat) else n
+    return PACKAGE_THOMPSON(last(node), budget)
+
+
+def determinize_accepting_the_start(nfa):   # a set accepts when it holds nfa.start, not nfa.accept
+    return PACKAGE_DETERMINIZE(dataclasses.replace(nfa, accept=nfa.start))
+
+
+def one_byte_tokens_only(dfa, state, token_bytes, eos_id=None):   # the same texts, another tokenization
+    return [t for t in package_allowed_tokens(dfa, state, token_bytes, eos_id)
+            if t == eos_id or len(token_bytes[t]) == 1]
+
+
+WRONG_PIECES = {"ch10_greedy_accept": (keeps_no_draft_token, "speculate"),
+                "ch10_rejection_sampling": (draws_only_the_bonus_token, "speculate_sampled"),
+                "ch11_thompson": (thompson_of_the_last_option, "constrained"),
+                "ch11_subset_construction": (determinize_accepting_the_start, "constrained"),
+                "ch11_token_mask": (one_byte_tokens_only, "constrained")}
+
+
+@pytest.fixture(scope="module")
+def speculating_llm(smollm2_path):
+    from minillm.llm import LLM
+    llm = LLM(smollm2_path, speculative=YOUR_CODE.SPECULATIVE)
+    yield llm
+    llm.close()
+
+
+def engine_run(llm, run: str) -> list[int]:
+    """The tokens of your_code's engine run `run` (8 tokens at most)."""
+    from minillm.generation.sampling import SamplingParams
+    prompt, params = {
+        "speculate": (YOUR_CODE.SPECULATE_PROMPT, dict(temperature=0.0)),
+        "speculate_sampled": (YOUR_CODE.SPECULATE_PROMPT, YOUR_CODE.SPECULATE_SAMPLED),
+        "constrained": (YOUR_CODE.CONSTRAINED_PROMPT, dict(temperature=0.0, guided_regex=YOUR_CODE.CONSTRAINED_REGEX)),
+    }[run]
+    return llm.generate([prompt], SamplingParams(max_tokens=8, **params), use_tqdm=False)[0].outputs[0].token_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("marker", list(WRONG_PIECES))
+def test_a_wrong_piece_in_the_speculative_or_constrained_seat_changes_what_the_engine_writes(marker, speculating_llm,
+                                                                                           monkeypatch):
+    wrong, run = WRONG_PIECES[marker]
+    exercise, name, _ = ENGINE_SEATED[marker]
+    package = engine_run(speculating_llm, run)
+    monkeypatch.setattr(learner_module(exercise), name, wrong)
+    with seats.learner_seats("ch11") as swapped:
+        assert marker in swapped
+        yours = engine_run(speculating_llm, run)
+    assert yours != package, f"{marker}: a wrong {name} left the {run} run's tokens unchanged"
+    assert engine_run(speculating_llm, run) == package   # put back: the package's tokens again

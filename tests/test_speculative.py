@@ -149,3 +149,37 @@ def test_speculative_config_names_what_is_wrong():
         SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="num_draft_layers"):
         SpeculativeConfig.from_dict({"method": "self", "num_speculative_tokens": 3})
+
+
+# -----------------------------------------------------------------------------------------------
+# verify_draft judges the rows through the rule set in generation/speculative.py (the course's seats)
+
+def verify_with_rule(monkeypatch, name, rule, temperature):
+    """verify_draft on a 3-token draft over a vocabulary of 6, with `rule` at generation.speculative.`name`."""
+    import minillm.generation.speculative as speculative
+    from minillm.generation.sampling import Sampler, SamplingParams, SamplingState
+
+    monkeypatch.setattr(speculative, name, rule)
+    logits = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)   # (1 + k, V)
+    state = SamplingState(SamplingParams(temperature=temperature, seed=0))
+    return speculative.verify_draft(Sampler(), logits, state, [1, 2, 3]), logits
+
+
+@pytest.mark.parametrize("name, temperature", [("greedy_accept", 0.0), ("rejection_sample", 1.0)])
+def test_verify_draft_asks_the_rule_set_in_its_module(monkeypatch, name, temperature):
+    seen = []
+
+    def rule(draft, *rows):
+        seen.append((list(draft), [np.shape(r) for r in rows[:2]]))
+        return [*draft[:1], 5]       # keeps d0, then its own token
+
+    (tokens, logprobs, error), logits = verify_with_rule(monkeypatch, name, rule, temperature)
+    assert tokens == [1, 5] and error is None and len(logprobs) == 2
+    expected_rows = [(4,)] if name == "greedy_accept" else [(3, 6), (4, 6)]   # argmax per row; q and p
+    assert seen == [([1, 2, 3], expected_rows)]
+
+
+@pytest.mark.parametrize("answer", [[], [2, 5], [1, 2, 3, 4, 5], [1, 99]])
+def test_verify_draft_refuses_a_rule_answer_the_scheduler_cannot_keep(monkeypatch, answer):
+    with pytest.raises(ValueError, match="acceptance rule returned"):
+        verify_with_rule(monkeypatch, "greedy_accept", lambda draft, target: answer, 0.0)

@@ -81,16 +81,19 @@ SEATS = {
     "ch09_stop_stream": swap(("minillm.generation.output", "StopStringFilter")),
     "ch10_ngram_drafter": swap(("minillm.generation.speculative", "ngram_propose"), path=ENGINE,
                                note="the speculative engine run (method 'ngram')"),
-    "ch10_greedy_accept": Seat(HOOK, note="needs the engine's speculative step to judge draft rows through an "
-                                          "acceptance rule it takes from one module attribute"),
-    "ch10_rejection_sampling": Seat(HOOK, note="needs the same hook, for sampled verification with a "
-                                               "non-deterministic drafter"),
+    "ch10_greedy_accept": swap(("minillm.generation.speculative", "greedy_accept"), path=ENGINE,
+                               note="judges the draft rows of the greedy speculative run (verify_draft)"),
+    "ch10_rejection_sampling": swap(("minillm.generation.speculative", "rejection_sample"), path=ENGINE,
+                                    note="judges the draft rows of the sampled speculative run (verify_draft; "
+                                         "top_k 1: every correct rule keeps the same tokens)"),
     "ch10_kv_rollback": swap(("minillm.runtime.block_manager", "release_tail"), path=ENGINE,
                              note="the speculative engine run rolls back rejected draft tokens"),
-    "ch11_thompson": Seat(HOOK, note="needs the guide that constrains SmolLM2 to build its automaton through "
-                                     "one module attribute"),
-    "ch11_subset_construction": Seat(HOOK, note="the same hook, for the DFA"),
-    "ch11_token_mask": Seat(HOOK, note="the same hook, for the token mask of each DFA state"),
+    "ch11_thompson": swap(("minillm.generation.constrained.automata", "thompson"), path=ENGINE,
+                          note="the NFA of the constrained run's guided_regex (byte_dfa)"),
+    "ch11_subset_construction": swap(("minillm.generation.constrained.automata", "determinize"), path=ENGINE,
+                                     note="the DFA of the constrained run's guided_regex (byte_dfa)"),
+    "ch11_token_mask": swap(("minillm.generation.constrained.token_index", "allowed_tokens"), path=ENGINE,
+                            note="the constrained run's token index, asked state by state"),
     "ch12_column_row_linear": Seat(HOOK, note="needs the tensor-parallel ranks to take their split linear "
                                               "layers from one module attribute"),
     "ch12_cache_aware_routing": swap(("minillm.serve.router", "cache_aware_choice"), path=ROUTER,

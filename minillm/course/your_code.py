@@ -8,10 +8,19 @@ Runs, each made twice - on the package, then on the learner's pieces - and compa
                at once, so that the scheduler preempts                               (from ch07)
     serve      one streamed completion through the OpenAI server app, then /metrics  (from ch09)
     speculate  one repetitive request through the engine speculating with n-grams   (from ch10)
+    speculate_sampled   the same, sampled (temperature 0.8, top_k 1, seeded)         (from ch10)
+    constrained         one request through the engine under guided_regex            (from ch11)
     cuda       chapter 03's kernels in a tiny model's forward, in a process of its own (from ch03)
     routing    chapter 12's shared-prefix workload through the replica set's cache-aware policy,
                replica by replica (no Ray: the policy is pure Python)               (from ch12)
 Chapter 01's roofline and decode ceiling predict the decode speed the greedy run then measures.
+
+The sampled speculative run verifies its drafts by rejection sampling, whose rule draws random
+numbers in an order of its own choosing: two correct rules, the same seed, may keep different
+tokens. top_k 1 makes every target distribution one token, so that any correct rule keeps a draft
+token exactly when it is that token and otherwise draws it: the run's tokens are fixed, and the
+learner's compare token by token. (It proves the rule's accept, residual and bonus paths, not its
+arithmetic on spread-out probabilities: chapter 10's tests grade that.)
 """
 from __future__ import annotations
 
@@ -40,6 +49,11 @@ SPECULATE_PROMPT = "one two three four five one two three four five one two thre
 ENGINE_BLOCK_SIZE = 4    # small blocks: a sequence needs new ones as it decodes, so the scheduler
 # preempts when the budget - one and a half sequences' worth, for three sequences - runs out
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=0)
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4}
+SPECULATE_SAMPLED = dict(temperature=0.8, top_k=1, seed=0)   # one token per target distribution: see above
+CONSTRAINED_PROMPT = "Is Paris the capital of France? Answer with one word, yes, no or maybe:"
+CONSTRAINED_REGEX = "(yes|no|maybe)"
+ENGINE_RUNS = ("engine", "speculate", "speculate_sampled", "constrained")
 
 
 @dataclass
@@ -98,41 +112,43 @@ def your_code(chapter: str = "ch02", prompt: str = "The capital of France is", m
 # the runs
 
 def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) -> dict:
-    tokenizer = load_tokenizer(path)
     package_model = loader.load_model(path)
-    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    sampled = SamplingParams(max_tokens=max_tokens, **SAMPLED)
-    runs, kv = {}, _preempting_budget(tokenizer, package_model, max_tokens)
-    package = {"greedy": _single(package_model, tokenizer, prompt, greedy)}
-    if chapter >= "ch04":
-        package["sampled"] = _single(package_model, tokenizer, prompt, sampled, int8_kv=True)
-    if chapter >= "ch07":
-        package["engine"] = _engine(path, package_model, ENGINE_PROMPTS, greedy, **kv)
-    if chapter >= "ch09":
-        package["serve"] = learner_server.serve_run(path, package_model, prompt, max_tokens)
-    if chapter >= "ch10":
-        package["speculate"] = _engine(path, package_model, [SPECULATE_PROMPT], greedy,
-                                       speculative={"method": "ngram", "num_speculative_tokens": 4})
+    kv = _preempting_budget(load_tokenizer(path), package_model, max_tokens)
+    runs, package = {}, _each_run(path, package_model, chapter, prompt, max_tokens, kv)
     decode_tokens_per_s = package["greedy"][1]
     with learner_seats(chapter, reach):
-        model = _learner_model(path, chapter, reach)
-        yours = {"greedy": _single(model, load_tokenizer(path), prompt, greedy)}
-        if chapter >= "ch04":
-            yours["sampled"] = _single(model, load_tokenizer(path), prompt, sampled, int8_kv=True)
-        if chapter >= "ch07":
-            yours["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, **kv)
-        if chapter >= "ch09":
-            yours["serve"] = learner_server.serve_run(path, model, prompt, max_tokens)
-        if chapter >= "ch10":
-            yours["speculate"] = _engine(path, model, [SPECULATE_PROMPT], greedy,
-                                         speculative={"method": "ngram", "num_speculative_tokens": 4})
+        yours = _each_run(path, _learner_model(path, chapter, reach), chapter, prompt, max_tokens, kv)
     for name in package:
         runs[name] = (package[name], yours[name])
     if chapter >= "ch03":
         runs["cuda"] = cuda_seat.run(chapter, reach)
     if chapter >= "ch12":
-        runs["routing"] = _routing(chapter, tokenizer, reach)
+        runs["routing"] = _routing(chapter, load_tokenizer(path), reach)
     runs["_decode_tokens_per_s"] = decode_tokens_per_s
+    return runs
+
+
+def _each_run(path: Path, model: Model, chapter: str, prompt: str, max_tokens: int, kv: dict) -> dict:
+    """The runs of chapters up to ``chapter`` on ``model``, each on a tokenizer of its own (the
+    learner's bpe_merge encodes the prompts of the learner's runs)."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    runs = {"greedy": _single(model, load_tokenizer(path), prompt, greedy)}
+    if chapter >= "ch04":
+        runs["sampled"] = _single(model, load_tokenizer(path), prompt, SamplingParams(max_tokens=max_tokens, **SAMPLED),
+                                  int8_kv=True)
+    if chapter >= "ch07":
+        runs["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, **kv)
+    if chapter >= "ch09":
+        runs["serve"] = learner_server.serve_run(path, model, prompt, max_tokens)
+    if chapter >= "ch10":
+        runs["speculate"] = _engine(path, model, [SPECULATE_PROMPT], greedy, speculative=SPECULATIVE)
+        runs["speculate_sampled"] = _engine(path, model, [SPECULATE_PROMPT],
+                                            SamplingParams(max_tokens=max_tokens, **SPECULATE_SAMPLED),
+                                            speculative=SPECULATIVE)
+    if chapter >= "ch11":
+        runs["constrained"] = _engine(path, model, [CONSTRAINED_PROMPT],
+                                      SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                     guided_regex=CONSTRAINED_REGEX))
     return runs
 
 
@@ -322,7 +338,7 @@ def _print_tokens(path: Path, prompt: str, result: YourCodeResult) -> None:
 
 def _describe(name: str, outcome: tuple) -> str:
     tokens, extra = outcome
-    if name in ("engine", "speculate"):
+    if name in ENGINE_RUNS:
         return f"{len(tokens)} requests, {sum(map(len, tokens))} tokens, {extra} preemptions"
     if name == "cuda":
         return f"a tiny model's argmax tokens on {extra}"

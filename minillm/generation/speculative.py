@@ -170,39 +170,46 @@ def verify_draft(sampler: Sampler, logits: np.ndarray, state: SamplingState, dra
                  ) -> tuple[list[int], list[TokenLogprobs | None], str | None]:
     """The tokens a draft's k + 1 verified rows (1 + k, V) decide, exactly as plain decoding would sample them.
 
-    Row by row: keep d_j while the rule accepts it (greedy: d_j is the argmax; otherwise
-    ``accept_or_resample`` with q one-hot, the drafters being deterministic), then emit the rule's
-    own token and stop -> (1 .. k + 1 tokens, their logprobs, None). Row j is judged with the history
-    plain decoding would have there - the output so far plus the j tokens kept - so penalties and
-    min_tokens see exactly that; the sequence itself is not touched. A row where no token may follow
-    (a constraint that min_tokens keeps from ending) stops the verify there: the tokens kept so far,
-    or, at the first row, ([], [], why) - the sequence cannot go on.
+    The acceptance rule judges the rows: ``greedy_accept`` on the target's argmax at each row when
+    the request is greedy, else ``rejection_sample`` on the target's distributions with q one-hot
+    (the drafters are deterministic). Both are looked up in this module when called, so that a
+    rule set here (the course's seats) is the one the engine runs -> (1 .. k + 1 tokens, their
+    logprobs, None). Row j is judged with the history plain decoding would have there - the
+    output so far plus the draft's first j tokens, which row j is only reached by keeping - so
+    penalties and min_tokens see exactly that; the sequence itself is not touched. A row where no
+    token may follow (a constraint that min_tokens keeps from ending) and every row after it are
+    left out: the rule judges the draft up to the row before it, whose token is then the rule's
+    own; at the first row, ([], [], why) - the sequence cannot go on.
     """
-    tokens, logprobs = [], []
+    views = []
     for j in range(len(draft) + 1):
         view = copy.copy(state)                  # shares params and rng; its own history
-        view.output_ids = state.output_ids + tokens
+        view.output_ids = state.output_ids + [int(t) for t in draft[:j]]
         if (stuck := sampler.stuck(logits[j:j + 1], view)) is not None:
-            return tokens, logprobs, None if tokens else stuck
-        guess = draft[j] if j < len(draft) else None
-        token, lp = _decide(sampler, logits[j:j + 1], view, guess)
-        tokens.append(token)
-        logprobs.append(lp)
-        if token != guess:
+            if not views:
+                return [], [], stuck
             break
-    return tokens, logprobs, None
-
-
-def _decide(sampler: Sampler, row: np.ndarray, state: SamplingState, guess: int | None):
-    """The token at one verified row (1, V), with its logprobs: as plain decoding samples it."""
-    if state.params.greedy:                      # greedy acceptance: keep the guess iff it is the argmax
-        drawn = sampler.sample(row, [state])
-        return int(drawn.token_ids[0]), drawn.logprobs[0]
-    p = sampler.probabilities(row, [state])[0]                          # (V,) the target's distribution
-    if guess is None:
-        token = sample_from(p, state.rng)                                # the bonus row: a plain draw
+        views.append(view)
+    # the n rows the rule judges (n, V): one per guess it may keep, then one for its own token
+    rows, judged = logits[:len(views)], [int(t) for t in draft[:len(views) - 1]]
+    if state.params.greedy:
+        tokens = greedy_accept(judged, sampler.sample(rows, views).token_ids.tolist())
     else:
-        q = np.zeros_like(p)
-        q[guess] = 1.0
-        token, _ = accept_or_resample(p, q, guess, state.rng)
-    return token, Sampler.logprobs(row, np.array([token]), [state.params])[0]
+        p = sampler.probabilities(rows, views)                          # (n, V) the target's distributions
+        q = np.zeros((len(judged), p.shape[1]))                         # (n - 1, V) one-hot: the drafter's
+        q[np.arange(len(judged)), judged] = 1.0
+        tokens = rejection_sample(judged, q, p, state.rng)
+    tokens = _checked(tokens, judged, num_rows=len(views), vocab_size=logits.shape[1])
+    return tokens, Sampler.logprobs(rows[:len(tokens)], np.array(tokens), [state.params] * len(tokens)), None
+
+
+def _checked(tokens, draft: list[int], num_rows: int, vocab_size: int) -> list[int]:
+    """The rule's answer as ints, once it has the shape the scheduler relies on: kept draft tokens,
+    then one of the rule's own (the K/V of the rows after it are rolled back)."""
+    tokens = [int(t) for t in tokens]
+    if not 1 <= len(tokens) <= num_rows or tokens[:-1] != draft[:len(tokens) - 1]:
+        raise ValueError(f"the acceptance rule returned {tokens} for the draft {draft}: it must return the draft's "
+                         f"first m tokens (0 <= m <= {len(draft)}) and then one token of its own")
+    if not all(0 <= t < vocab_size for t in tokens):
+        raise ValueError(f"the acceptance rule returned {tokens}: outside the vocabulary of {vocab_size} tokens")
+    return tokens

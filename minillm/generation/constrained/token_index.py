@@ -31,6 +31,12 @@ cost address space, not memory.
 
 Indexes are cached per (pattern, tokenizer), so that a schema is compiled once however many
 requests use it, in a cache bounded in bytes (``INDEX_CACHE_BYTES``, least recently used out).
+
+The three constructions chapter 11 builds are looked up where they are called, so that the course
+can put a learner's in their place: ``automata.thompson`` and ``automata.determinize`` (inside
+``byte_dfa``), and ``allowed_tokens`` here, which the trie walk computes for every state at once;
+set to another function, the index asks that function state by state instead. The cache key holds
+the three, so an index built by one set of them is never handed to another.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
+from minillm.generation.constrained import automata
 from minillm.generation.constrained.automata import DEAD, DFA, byte_dfa
 from minillm.generation.constrained.budget import CompileBudget, ConstraintTooLarge
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
@@ -62,11 +69,16 @@ class VocabularyTrie:
     token_starts: np.ndarray  # (N+1,) the tokens ending at node i: token_ids[token_starts[i]:token_starts[i+1]]
 
 
+def text_token_ids(tokenizer: Tokenizer) -> list[int]:
+    """The tokens that stand for text: not special, not added, not empty."""
+    excluded = set(tokenizer.added_ids) | set(tokenizer.special_ids)
+    return [t for t in range(tokenizer.vocab_size) if t not in excluded and tokenizer.id_to_bytes[t]]
+
+
 @lru_cache(maxsize=8)
 def vocabulary_trie(tokenizer: Tokenizer) -> VocabularyTrie:
     """The trie of every token that stands for text (not special, not added, not empty)."""
-    excluded = set(tokenizer.added_ids) | set(tokenizer.special_ids)
-    token_ids = [t for t in range(tokenizer.vocab_size) if t not in excluded and tokenizer.id_to_bytes[t]]
+    token_ids = text_token_ids(tokenizer)
     # Each distinct prefix of a token is one node. Sorted as byte strings, a prefix comes right
     # before its extensions ("ab" < "abc" < "abd" < "ac"): depth-first preorder.
     token_bytes = [tokenizer.id_to_bytes[t] for t in token_ids]
@@ -100,7 +112,10 @@ class TokenIndex:
 
     def _build(self, budget: CompileBudget) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The vocabulary's trie (built once per tokenizer), walked from every state by `walk_trie`
-        into buffers of the budget's size, STATES_PER_WALK states per call."""
+        into buffers of the budget's size, STATES_PER_WALK states per call; a mask other than the
+        package's ``allowed_tokens`` is asked state by state (``_build_by_states``)."""
+        if allowed_tokens is not TRIE_WALK_COMPUTES:
+            return self._build_by_states(budget)
         trie, num_states = vocabulary_trie(self.tokenizer), self.num_states
         limit = budget.limits["token_index_bytes"]
         fixed = self.byte_table.nbytes + self.dfa.table.nbytes + 8 * (num_states + 1)   # the tables and offsets
@@ -122,6 +137,29 @@ class TokenIndex:
             state = last
         n = int(offsets[-1])
         return offsets, ids[:n], nexts[:n]
+
+    def _build_by_states(self, budget: CompileBudget) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The index from ``allowed_tokens`` asked for each state, over the text tokens' bytes (the
+        others empty), each allowed token's next state found by walking its bytes (EOS stays), within
+        the budget's ``token_index_bytes`` and clock. A state costs a walk of the whole vocabulary."""
+        token_bytes = [b""] * self.tokenizer.vocab_size
+        for t in text_token_ids(self.tokenizer):
+            token_bytes[t] = self.tokenizer.id_to_bytes[t]
+        limit = budget.limits["token_index_bytes"]
+        offsets, ids, nexts = [0], [], []
+        for state in range(self.num_states):
+            budget.check_time()
+            allowed = np.unique(np.asarray(allowed_tokens(self.dfa, state, token_bytes, self.eos_id), dtype=np.int64))
+            if allowed.size and not 0 <= allowed[0] <= allowed[-1] < len(token_bytes):
+                raise ValueError(f"allowed_tokens gave state {state} token ids outside the vocabulary of "
+                                 f"{len(token_bytes)}: {allowed[(allowed < 0) | (allowed >= len(token_bytes))][:5]}")
+            ids += allowed.tolist()    # sorted, each once: next_state looks a token up by bisection
+            nexts += [state if t == self.eos_id else self.dfa.walk(token_bytes[t], state) for t in allowed.tolist()]
+            if 8 * len(ids) > limit:
+                raise ConstraintTooLarge("token_index_bytes", limit, where=f"the constraint's token index "
+                                         f"({self.num_states} DFA states; {state} fit)")
+            offsets.append(len(ids))
+        return np.array(offsets, dtype=np.int64), np.array(ids, dtype=np.int32), np.array(nexts, dtype=np.int32)
 
     @property
     def num_states(self) -> int:
@@ -215,11 +253,11 @@ class TokenIndexCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.nbytes = max_bytes, 0
-        self.entries: OrderedDict[tuple[str, Tokenizer], TokenIndex] = OrderedDict()
+        self.entries: OrderedDict[tuple, TokenIndex] = OrderedDict()   # (pattern, tokenizer, builders())
         self.lock = threading.Lock()
 
     def __call__(self, pattern: str, tokenizer: Tokenizer, budget: CompileBudget | None = None) -> TokenIndex:
-        key = (pattern, tokenizer)
+        key = (pattern, tokenizer, builders())
         with self.lock:
             if (index := self.entries.get(key)) is not None:
                 self.entries.move_to_end(key)
@@ -244,6 +282,11 @@ class TokenIndexCache:
 token_index = TokenIndexCache(INDEX_CACHE_BYTES)
 
 
+def builders() -> tuple:
+    """The functions an index is built with now: NFA, DFA and token mask (the course may set its own)."""
+    return automata.thompson, automata.determinize, allowed_tokens
+
+
 def allowed_tokens(dfa: DFA, state: int, token_bytes: list[bytes], eos_id: int | None = None) -> np.ndarray:
     """The readable definition of one state's mask, token by token (TokenIndex computes the same for
     every state at once through the trie): the ids whose bytes walk from `state` without dying,
@@ -252,3 +295,6 @@ def allowed_tokens(dfa: DFA, state: int, token_bytes: list[bytes], eos_id: int |
     if eos_id is not None and dfa.accepting[state]:
         ids = sorted({*ids, eos_id})
     return np.array(ids, dtype=np.int64)
+
+
+TRIE_WALK_COMPUTES = allowed_tokens   # what TokenIndex's trie walk computes for every state at once
