@@ -203,6 +203,8 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
         header += ["    ..."] if start else []
         body = body[start:]
     room = max(lines - len(header), 1)
+    if len(body) == room + 1:
+        room += 1  # the line saying where the rest is would cost as much as the rest
     shown = header + [text for _, text in body[:room]]
     if len(body) > room:
         rest = body[room:]
