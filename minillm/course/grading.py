@@ -178,7 +178,7 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
     A function: its signature and body without the docstring, from ``focus`` on if given, cut at
     ``lines`` with a last line saying how many lines and where the rest is. A class: its first line,
     the first line of its docstring and one line per method with its line number (a class is read
-    method by method)."""
+    method by method); with ``focus``, its lines from there on, cut as a function's are."""
     source, first = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj))
     where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
@@ -186,14 +186,15 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
     node = ast.parse(textwrap.dedent("".join(source))).body[0]
     header_end = node.body[0].lineno - 1  # decorators and the signature, however many lines
     header = [text.rstrip() for text in source[:header_end]]
-    if isinstance(node, ast.ClassDef):
+    if isinstance(node, ast.ClassDef) and focus is None:
         doc = (ast.get_docstring(node) or "").strip().splitlines()
         outline = header + ([f'    """{doc[0]}"""'] if doc else [])
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 outline.append(f"{source[item.lineno - 1].rstrip()}  ...  # {where}:{first + item.lineno - 1}")
         return span, outline
-    docstring = _docstring_lines(node)
+    docstring = set().union(*(_docstring_lines(n) for n in ast.walk(node)  # and those of a class's methods
+                              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))))
     body = [(first + i, source[i].rstrip()) for i in range(header_end, len(source))
             if i + 1 not in docstring and source[i].strip()]  # blank lines left out: an excerpt ends at one
     if focus is not None:
