@@ -184,7 +184,7 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
     where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
     span = f"{where}:{first}-{first + len(source) - 1}"
     node = ast.parse(textwrap.dedent("".join(source))).body[0]
-    header_end = node.body[0].lineno - 1  # decorators and the signature, however many lines
+    header_end = _header_end(source, node)
     header = [text.rstrip() for text in source[:header_end]]
     if isinstance(node, ast.ClassDef) and focus is None:
         doc = (ast.get_docstring(node) or "").strip().splitlines()
@@ -211,6 +211,19 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
         rest = body[room:]
         shown.append(f"    ... {len(rest)} more lines: {where}:{rest[0][0]}-{rest[-1][0]}")
     return span, shown
+
+
+def _header_end(source: list[str], node: ast.AST) -> int:
+    """The number of lines of a definition's decorators and signature, however many lines the
+    signature spans: the comments between it and the first statement belong to the body."""
+    start = node.lineno - 1  # the def or class line, after the decorators
+    for end in range(start + 1, node.body[0].lineno):
+        try:
+            ast.parse(textwrap.dedent("".join(source[start:end])) + "\n    pass")
+            return end
+        except SyntaxError:
+            continue
+    return node.body[0].lineno - 1
 
 
 def _docstring_lines(node: ast.AST) -> set[int]:
