@@ -178,22 +178,23 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
     A function: its signature and body without the docstring, from ``focus`` on if given, cut at
     ``lines`` with a last line saying how many lines and where the rest is. A class: its first line,
     the first line of its docstring and one line per method with its line number (a class is read
-    method by method)."""
+    method by method); with ``focus``, its lines from there on, cut as a function's are."""
     source, first = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj))
     where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
     span = f"{where}:{first}-{first + len(source) - 1}"
     node = ast.parse(textwrap.dedent("".join(source))).body[0]
-    header_end = node.body[0].lineno - 1  # decorators and the signature, however many lines
+    header_end = _header_end(source, node)
     header = [text.rstrip() for text in source[:header_end]]
-    if isinstance(node, ast.ClassDef):
+    if isinstance(node, ast.ClassDef) and focus is None:
         doc = (ast.get_docstring(node) or "").strip().splitlines()
         outline = header + ([f'    """{doc[0]}"""'] if doc else [])
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 outline.append(f"{source[item.lineno - 1].rstrip()}  ...  # {where}:{first + item.lineno - 1}")
         return span, outline
-    docstring = _docstring_lines(node)
+    docstring = set().union(*(_docstring_lines(n) for n in ast.walk(node)  # and those of a class's methods
+                              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))))
     body = [(first + i, source[i].rstrip()) for i in range(header_end, len(source))
             if i + 1 not in docstring and source[i].strip()]  # blank lines left out: an excerpt ends at one
     if focus is not None:
@@ -203,11 +204,26 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
         header += ["    ..."] if start else []
         body = body[start:]
     room = max(lines - len(header), 1)
+    if len(body) == room + 1:
+        room += 1  # the line saying where the rest is would cost as much as the rest
     shown = header + [text for _, text in body[:room]]
     if len(body) > room:
         rest = body[room:]
         shown.append(f"    ... {len(rest)} more lines: {where}:{rest[0][0]}-{rest[-1][0]}")
     return span, shown
+
+
+def _header_end(source: list[str], node: ast.AST) -> int:
+    """The number of lines of a definition's decorators and signature, however many lines the
+    signature spans: the comments between it and the first statement belong to the body."""
+    start = node.lineno - 1  # the def or class line, after the decorators
+    for end in range(start + 1, node.body[0].lineno):
+        try:
+            ast.parse(textwrap.dedent("".join(source[start:end])) + "\n    pass")
+            return end
+        except SyntaxError:
+            continue
+    return node.body[0].lineno - 1
 
 
 def _docstring_lines(node: ast.AST) -> set[int]:
