@@ -42,9 +42,11 @@ class Minillm:
         import numba
         from common import numba_target
 
+        import minillm
+
         target = numba_target()
         return {"isa": target["isa"], "mode": self.mode, "numba_threads": numba.get_num_threads(),
-                "numba_target": target}
+                "numba_target": target, "package": str(Path(minillm.__file__).parent)}  # which checkout ran
 
     def generate(self, prompt: list[int], new_tokens: int) -> list[int]:
         from minillm.generation.sampling import SamplingParams

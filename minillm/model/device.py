@@ -92,8 +92,8 @@ class DeviceModel(Model):
         return logits
 
     def new_cache(self, n_slots: int, max_len: int):
-        raise NotImplementedError("the contiguous KV cache lives in host memory; a model on the GPU runs in the "
-                                  "engine (LLM(device='cuda')), whose paged KV cache is in device memory")
+        raise RuntimeError("the contiguous KV cache lives in host memory; a model on the GPU runs in the "
+                           "engine (LLM(device='cuda')), whose paged KV cache is in device memory")
 
 
 def to_device(model: Model) -> DeviceModel:
