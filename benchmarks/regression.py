@@ -86,6 +86,8 @@ def main() -> None:
     threads = default_threads()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "minillm"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as folder:
         baseline = export(args.baseline, Path(folder))
         this, earlier = f"minillm {head[:7]}", f"minillm {baseline[:7]}"
@@ -104,7 +106,7 @@ def main() -> None:
     for kind, r in ratio.items():
         print(f"{kind}: {this} / {earlier} = {r:.3f}{'' if r >= BOUND else f'  (below the bound {BOUND})'}")
     save_result("regression", {
-        "baseline": baseline, "this": head, "isa": args.isa, "threads": threads, "repeats": args.repeats,
+        "baseline": baseline, "this": head, "this_has_uncommitted_changes": bool(dirty), "isa": args.isa, "threads": threads, "repeats": args.repeats,
         "decode": {"prompt_tokens": PROMPT_TOKENS, "new_tokens": args.new_tokens},
         "prefill_tokens": args.prefill_tokens,
         "throughput_workload": {"num_requests": args.num_requests, "input_len": list(args.input_len),
