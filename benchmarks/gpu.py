@@ -34,10 +34,12 @@ from minillm.kernels.cuda.setup import SIMULATOR, cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(warmups=1, decode_tokens=64, prefill_tokens=512, batch_sizes=(1, 8, 32, 64), prompt_tokens=32,
-            new_tokens=32, wrapper_tokens=3)
-# the simulator compiles nothing (no warm-up) and takes seconds per forward: 5 forwards in all
-DRY = dict(warmups=0, decode_tokens=1, prefill_tokens=8, batch_sizes=(1, 2), prompt_tokens=4, new_tokens=1,
-           wrapper_tokens=0)
+            new_tokens=32, wrapper_tokens=3, kv_cache_bytes=None)
+# the simulator compiles nothing (no warm-up) and takes seconds per token of a forward: 5 forwards of
+# 1-4 tokens in all; its
+# device arrays are host memory, so the KV cache is sized for these toy requests, not the default 4 GiB
+DRY = dict(warmups=0, decode_tokens=1, prefill_tokens=2, batch_sizes=(1, 2), prompt_tokens=2, new_tokens=1,
+           wrapper_tokens=0, kv_cache_bytes=1 << 20)
 TESTS_TIMEOUT_S, KERNELS_TIMEOUT_S = 240, 120
 
 
@@ -200,7 +202,7 @@ def main() -> int:
         results["tests_cuda"] = run_step([sys.executable, "-m", "pytest", "tests/cuda", "-q", "-x"], TESTS_TIMEOUT_S)
         results["kernels_cuda"] = run_step([sys.executable, "benchmarks/kernels_cuda.py", "--contexts", "128", "1024",
                                             "--repeats", "10"], KERNELS_TIMEOUT_S)
-    llm = LLM(gguf, device="cuda", max_num_seqs=max(sizes["batch_sizes"]))
+    llm = LLM(gguf, device="cuda", max_num_seqs=max(sizes["batch_sizes"]), kv_cache_bytes=sizes["kv_cache_bytes"])
     vocab = llm.model.config.vocab_size
     results["minillm_cuda"] = measure_ours(llm, sizes, rng, vocab)
     for dtype in ("float16", "float32"):

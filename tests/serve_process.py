@@ -10,12 +10,14 @@ from minillm.hardware.collectives import free_port
 
 
 @contextmanager
-def serve_process(model_path, *flags, kv_cache_bytes: int = 32 << 20, startup_timeout: float = 300.0):
-    """Yields (process, base url) once /health answers; stdout and stderr are one text pipe."""
+def serve_process(model_path, *flags, kv_cache_bytes: int = 32 << 20, startup_timeout: float = 300.0,
+                  cwd=None, env=None):
+    """Yields (process, base url) once /health answers; stdout and stderr are one text pipe. ``cwd``
+    and ``env``: another checkout's (a copy with the exercises solved)."""
     port = free_port()
     command = [sys.executable, "-m", "minillm.cli", "serve", "--model", str(model_path), "--port", str(port),
                "--kv-cache-bytes", str(kv_cache_bytes), *flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_timeout

@@ -957,14 +957,14 @@ def test_ch12_seat_a_wrong_routing_rule_changes_the_replicas_chosen(smollm2_path
     (package, yours), reach = ch12_routing(smollm2_path)
     assert reach["ch12_cache_aware_routing"] == 24
     assert yours[0] != package[0], f"a rule that {wrong} routed as the package's: the seat is not live"
-# chapter 09's seats: the server run's SSE reader and latency checks (course/learner_server.py);
+# chapter 09's seats: the server run's SSE reader and latency checks (course/server_run.py);
 # the runs themselves are in tests/test_serve_exercises.py
 
 
 def test_ch09_seat_sse_data_reads_what_the_openai_client_reads():
     from openai._streaming import SSEDecoder
 
-    from minillm.course.learner_server import sse_data
+    from minillm.course.server_run import sse_data
 
     raw = ('data: {"a": 1}\n\n: a comment\ndata: {"b":\ndata: 2}\n\nevent: x\r\ndata:{"c": "d: e"}\r\n\r\n'
            "data: [DONE]\n\n")
@@ -976,7 +976,7 @@ def test_ch09_seat_sse_data_reads_what_the_openai_client_reads():
 
 
 def test_ch09_seat_metric_problems_name_each_broken_definition():
-    from minillm.course.learner_server import metric_problems
+    from minillm.course.server_run import metric_problems
 
     # one request of 4 tokens: first at 0.5 s, then gaps of 0.1, 0.2, 0.3 s, done at 1.1 s
     right = {"ttft_count": 1, "ttft_sum": 0.5, "e2e_count": 1, "e2e_sum": 1.1, "itl_count": 3, "itl_sum": 0.6,

@@ -176,3 +176,14 @@ def test_every_live_state_can_finish(schema):
     assert (p.close_bytes[targets] < UNREACHABLE).all()
     tail = [t for t in (p.closing_text(c) for c in p.reading(p.walk(b""))) if t is not None]
     assert any(p.fullmatch(t) for t in tail)
+
+
+def test_properties_are_written_in_the_order_the_schema_lists_them():
+    """Not alphabetically: the schema lists "name" after "zone", and so must the answer."""
+    schema = {"type": "object", "properties": {"zone": {"type": "integer"}, "name": {"type": "string"}},
+              "required": ["zone", "name"], "additionalProperties": False}
+    p = json_pushdown(JsonGrammar.of(schema))
+    assert p.fullmatch(b'{"zone": 1, "name": "a"}') or p.fullmatch(b'{"zone":1,"name":"a"}')
+    assert not p.fullmatch(b'{"name": "a", "zone": 1}') and not p.fullmatch(b'{"name":"a","zone":1}')
+    reordered = {**schema, "properties": {"name": {"type": "string"}, "zone": {"type": "integer"}}}
+    assert JsonGrammar.of(reordered) != JsonGrammar.of(schema)

@@ -1,5 +1,5 @@
 """Chapter 09's seats in the real server: the learner's SSE encoder writes every event of a streamed
-completion and the learner's ``request_latencies`` times it in /metrics (``course.learner_server``,
+completion and the learner's ``request_latencies`` times it in /metrics (``course.server_run``,
 the run ``your_code`` makes from chapter 09), and ``minillm serve --exercises`` serves on the
 learner's pieces of every chapter."""
 import importlib
@@ -8,20 +8,17 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import numpy as np
 import pytest
 
 from implementations import REPO
-from minillm.course import learner_server
+from serve_process import serve_process
+from minillm.course import server_run
 from minillm.course.learner_ops import Reach
 from minillm.course.seats import learner_seats
 from minillm.generation.sampling import SamplingParams
-from minillm.hardware.collectives import free_port
 from minillm.llm import LLM
 from minillm.model import loader
 from minillm.serve.loadgen import Latencies
@@ -46,7 +43,7 @@ def greedy_text(smollm2_path):
 
 @pytest.fixture(scope="module")
 def package_run(smollm2_path, model):
-    return learner_server.serve_run(smollm2_path, model, PROMPT, MAX_TOKENS)
+    return server_run.serve_run(smollm2_path, model, PROMPT, MAX_TOKENS)
 
 
 def seated_run(smollm2_path, model, monkeypatch, **pieces):
@@ -56,7 +53,7 @@ def seated_run(smollm2_path, model, monkeypatch, **pieces):
         monkeypatch.setattr(ch09, name, piece)
     reach = Reach()
     with learner_seats("ch09", reach) as swapped:
-        outcome = learner_server.serve_run(smollm2_path, model, PROMPT, MAX_TOKENS)
+        outcome = server_run.serve_run(smollm2_path, model, PROMPT, MAX_TOKENS)
     return outcome, reach, swapped
 
 
@@ -134,34 +131,17 @@ def solved_copy(dest):
 
 
 def test_serve_exercises_serves_on_the_learners_pieces_and_stops_cleanly(tmp_path, smollm2_path, greedy_text):
-    copy, port = solved_copy(tmp_path / "checkout"), free_port()
-    command = [sys.executable, "-m", "minillm", "serve", "--exercises", "--model", str(smollm2_path),
-               "--port", str(port), "--kv-cache-bytes", str(32 << 20)]
-    process = subprocess.Popen(command, cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        body = {"model": "x", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+    copy = solved_copy(tmp_path / "checkout")
+    with serve_process(smollm2_path, "--exercises", cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)},
+                       startup_timeout=120) as (process, url):
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
                 "stream": True}
-        body["model"] = httpx.get(url + "/v1/models").json()["data"][0]["id"]
         raw = httpx.post(url + "/v1/completions", json=body, timeout=120).text
-        chunks = learner_server.sse_chunks(raw)
+        chunks = server_run.sse_chunks(raw)
         assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == greedy_text
         process.send_signal(signal.SIGINT)  # Ctrl-C
         out, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == 0, out
     for marker in ("ch02_rmsnorm", "ch07_paged_attention", "ch08_schedule_step", "ch09_sse_event", "ch09_metric"):
         assert re.search(rf"^  {marker}\s+yours\s", out, re.MULTILINE), (marker, out)

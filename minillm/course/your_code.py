@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minillm.course import cuda_seat, learner_server
+from minillm.course import cuda_seat, server_run
 from minillm.course.learner_ops import Reach, learner_backend
 from minillm.course.seats import CALL, CUDA, HOOK, KERNEL, SEATS, learner_pieces, learner_seats, tasks_up_to, written
 from minillm.course.tasks import task
@@ -139,7 +139,7 @@ def _each_run(path: Path, model: Model, chapter: str, prompt: str, max_tokens: i
     if chapter >= "ch07":
         runs["engine"] = _engine(path, model, ENGINE_PROMPTS, greedy, **kv)
     if chapter >= "ch09":
-        runs["serve"] = learner_server.serve_run(path, model, prompt, max_tokens)
+        runs["serve"] = server_run.serve_run(path, model, prompt, max_tokens)
     if chapter >= "ch10":
         runs["speculate"] = _engine(path, model, [SPECULATE_PROMPT], greedy, speculative=SPECULATIVE)
         runs["speculate_sampled"] = _engine(path, model, [SPECULATE_PROMPT],

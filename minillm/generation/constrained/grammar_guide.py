@@ -143,7 +143,9 @@ class GrammarGuide:
 
 @dataclass(frozen=True)
 class JsonGrammar:
-    """A request's JSON constraint: the schema as canonical JSON text (None: any JSON object)."""
+    """A request's JSON constraint: the schema as JSON text (None: any JSON object), its keys in the
+    request's order - an object's properties are written in the order its schema lists them, so
+    two schemas that list them differently are two constraints."""
     schema: str | None
 
     @classmethod
@@ -154,7 +156,7 @@ class JsonGrammar:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise SchemaError(f"the schema is not valid JSON: {e}") from None
-        constraint = cls(None if schema is None else json.dumps(schema, sort_keys=True))
+        constraint = cls(None if schema is None else json.dumps(schema))
         json_pushdown(constraint)
         return constraint
 
