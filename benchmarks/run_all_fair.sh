@@ -16,13 +16,14 @@
 # Wall time on the 2-core Xeon, quiet (estimates): decode, both code paths, ~8 min; decode --profile,
 # both code paths, ~2 min; quant_quality ~1 min; quant_matvec ~4 min; kernels_cpu ~8 min; throughput ~40 min (transformers'
 # padded batch of 64 requests takes ~8 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
-# speculative ~10 min; structured ~10 min; scale_out ~10 min; soak 10 min; abuse ~5 min. The llama.cpp peers must be built
+# speculative ~10 min; structured ~10 min; scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
+# f0bbb69), both code paths, ~12 min. The llama.cpp peers must be built
 # first (~9 minutes each): `make bench-peers` and `benchmarks/build_peers.sh avx2`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results}
 shift || true
-WHICH=${*:-decode profile quant_quality quant_matvec kernels_cpu throughput prefix_cache serving speculative structured scale_out soak abuse}
+WHICH=${*:-decode profile quant_quality quant_matvec kernels_cpu throughput prefix_cache serving speculative structured scale_out soak abuse regression}
 PY=".venv/bin/python -u"  # unbuffered: progress shows as it happens
 
 # prefix_cache, serving and speculative write into benchmarks/results/ only: move their file to OUT
@@ -47,6 +48,7 @@ for bench in $WHICH; do
         scale_out) $PY benchmarks/scale_out.py --out "$OUT" ;;
         soak) $PY benchmarks/soak.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
         abuse) $PY benchmarks/abuse.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
+        regression) $PY benchmarks/regression.py --out "$OUT" && $PY benchmarks/regression.py --isa avx2 --out "$OUT" ;;
         *) echo "unknown benchmark $bench" >&2; exit 2 ;;
     esac
 done
