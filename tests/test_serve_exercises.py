@@ -9,7 +9,7 @@ import re
 import shutil
 import signal
 
-import httpx
+import openai
 import numpy as np
 import pytest
 
@@ -134,12 +134,11 @@ def test_serve_exercises_serves_on_the_learners_pieces_and_stops_cleanly(tmp_pat
     copy = solved_copy(tmp_path / "checkout")
     with serve_process(smollm2_path, "--exercises", cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)},
                        startup_timeout=120) as (process, url):
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        raw = httpx.post(url + "/v1/completions", json=body, timeout=120).text
-        chunks = server_run.sse_chunks(raw)
-        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == greedy_text
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)  # the official client
+        model = client.models.list().data[0].id
+        chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy_text
         process.send_signal(signal.SIGINT)  # Ctrl-C
         out, _ = process.communicate(timeout=60)
     assert process.returncode == 0, out
