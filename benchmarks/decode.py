@@ -63,6 +63,28 @@ def leading_agreement(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def warm_up(worker, rng: np.random.Generator, prefill_tokens: int) -> None:
+    """Compile, page the weights in, wake the thread pools: one short generation, one long prefill."""
+    worker.call("generate", prompt=random_prompt(rng, PROMPT_TOKENS), new_tokens=4)
+    worker.call("generate", prompt=random_prompt(rng, prefill_tokens), new_tokens=1)
+
+
+def repeat_prompts(rng: np.random.Generator, prefill_tokens: int, repeats: int) -> list[dict]:
+    """Fresh prompts for each repeat (none repeats, so no prefix cache helps): one, many, prefill."""
+    return [{kind: random_prompt(rng, length) for kind, length in
+             (("one", PROMPT_TOKENS), ("many", PROMPT_TOKENS), ("prefill", prefill_tokens))} for _ in range(repeats)]
+
+
+def decode_and_prefill(worker, prompts: dict, new_tokens: int, prefill_tokens: int) -> tuple[list[int], float, float]:
+    """One repeat of the protocol on one contender -> (its new tokens, decode tok/s, prefill tok/s)."""
+    _, one = worker.call("generate", prompt=prompts["one"], new_tokens=1)
+    tokens, many = worker.call("generate", prompt=prompts["many"], new_tokens=new_tokens)
+    _, first = worker.call("generate", prompt=prompts["prefill"], new_tokens=1)
+    if len(tokens) != new_tokens:
+        raise RuntimeError(f"{worker.name} generated {len(tokens)} tokens, not {new_tokens}")
+    return tokens, decode_tokens_per_s(new_tokens, one, many), prefill_tokens_per_s(prefill_tokens, first)
+
+
 def run_isa(isa: str, modes: list[str], threads: int, new_tokens: int, prefill_tokens: int, repeats: int) -> dict:
     """One fair run on one code path -> the entries of decode.json and minillm's bytes per token."""
     contenders = [minillm(mode) for mode in modes] + [TRANSFORMERS, LLAMA_CPP]
@@ -70,22 +92,16 @@ def run_isa(isa: str, modes: list[str], threads: int, new_tokens: int, prefill_t
     print(f"[{isa}] {', '.join(workers)}: {threads} threads; decode: {PROMPT_TOKENS}-token prompt, 1 and "
           f"{new_tokens} new tokens; prefill: {prefill_tokens} tokens; {repeats} repeats, interleaved")
     rng = np.random.default_rng(0)
-    for worker in workers.values():  # warm-up: compile, page the weights in, wake the thread pools
-        worker.call("generate", prompt=random_prompt(rng, PROMPT_TOKENS), new_tokens=4)
-        worker.call("generate", prompt=random_prompt(rng, prefill_tokens), new_tokens=1)
-    prompts = [{kind: random_prompt(rng, length) for kind, length in
-                (("one", PROMPT_TOKENS), ("many", PROMPT_TOKENS), ("prefill", prefill_tokens))} for _ in range(repeats)]
+    for worker in workers.values():
+        warm_up(worker, rng, prefill_tokens)
+    prompts = repeat_prompts(rng, prefill_tokens, repeats)
     decode, prefill, tokens = {n: [] for n in workers}, {n: [] for n in workers}, {}
     for repeat, name in interleaved(list(workers), repeats):
         time.sleep(SETTLE_SECONDS)
-        worker, p = workers[name], prompts[repeat]
-        _, one = worker.call("generate", prompt=p["one"], new_tokens=1)
-        tokens[name], many = worker.call("generate", prompt=p["many"], new_tokens=new_tokens)
-        _, first = worker.call("generate", prompt=p["prefill"], new_tokens=1)
-        if len(tokens[name]) != new_tokens:
-            raise RuntimeError(f"{name} generated {len(tokens[name])} tokens, not {new_tokens}")
-        decode[name].append(decode_tokens_per_s(new_tokens, one, many))
-        prefill[name].append(prefill_tokens_per_s(prefill_tokens, first))
+        tokens[name], decode_rate, prefill_rate = decode_and_prefill(workers[name], prompts[repeat], new_tokens,
+                                                                     prefill_tokens)
+        decode[name].append(decode_rate)
+        prefill[name].append(prefill_rate)
         if name == list(workers)[-1]:
             print(f"  repeat {repeat + 1}/{repeats}: decode " + ", ".join(f"{n} {d[-1]:.1f}" for n, d in decode.items())
                   + " tok/s")

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import (BENCHMARKS, SETTLE_SECONDS, Contender, add_isa_and_out, default_threads, interleaved,
-                    random_prompt, ratios, save_result, start_all, summarize)
-from decode import PROMPT_TOKENS, decode_tokens_per_s, prefill_tokens_per_s
+from common import (BENCHMARKS, SETTLE_SECONDS, Contender, add_isa_and_out, default_threads, interleaved, ratios,
+                    save_result, start_all, summarize)
+from decode import PROMPT_TOKENS, decode_and_prefill, repeat_prompts, warm_up
 from throughput import make_workload
 
 ROOT = BENCHMARKS.parent
@@ -44,29 +44,23 @@ def export(revision: str, into: Path) -> str:
 def measure(workers: dict, args, workload: list) -> dict[str, dict[str, list[float]]]:
     """Every figure of every contender, one value per repeat, the contenders taking turns."""
     rng = np.random.default_rng(0)
-    for worker in workers.values():  # warm-up: compile, page the weights in, wake the thread pools
-        worker.call("generate", prompt=random_prompt(rng, PROMPT_TOKENS), new_tokens=4)
-        worker.call("generate", prompt=random_prompt(rng, args.prefill_tokens), new_tokens=1)
+    for worker in workers.values():
+        warm_up(worker, rng, args.prefill_tokens)
         worker.call("run_workload", workload=workload[:4], max_num_seqs=4)
-    prompts = [{kind: random_prompt(rng, length) for kind, length in
-                (("one", PROMPT_TOKENS), ("many", PROMPT_TOKENS), ("prefill", args.prefill_tokens))}
-               for _ in range(args.repeats)]
+    prompts = repeat_prompts(rng, args.prefill_tokens, args.repeats)
     expected = sum(n for _, n in workload)
     values = {name: {"decode_tokens_per_s": [], "prefill_tokens_per_s": [], "throughput_tokens_per_s": []}
               for name in workers}
     for repeat, name in interleaved(list(workers), args.repeats):
         worker, p, v = workers[name], prompts[repeat], values[name]
         time.sleep(SETTLE_SECONDS)
-        _, one = worker.call("generate", prompt=p["one"], new_tokens=1)
-        tokens, many = worker.call("generate", prompt=p["many"], new_tokens=args.new_tokens)
-        _, first = worker.call("generate", prompt=p["prefill"], new_tokens=1)
+        _, decode_rate, prefill_rate = decode_and_prefill(worker, p, args.new_tokens, args.prefill_tokens)
         time.sleep(SETTLE_SECONDS)
         generated, seconds = worker.call("run_workload", workload=workload, max_num_seqs=args.max_num_seqs)
-        if len(tokens) != args.new_tokens or generated != expected:
-            raise RuntimeError(f"{name} generated {len(tokens)} and {generated} tokens, not {args.new_tokens} "
-                               f"and {expected}")
-        v["decode_tokens_per_s"].append(decode_tokens_per_s(args.new_tokens, one, many))
-        v["prefill_tokens_per_s"].append(prefill_tokens_per_s(args.prefill_tokens, first))
+        if generated != expected:
+            raise RuntimeError(f"{name} generated {generated} tokens of the workload, not {expected}")
+        v["decode_tokens_per_s"].append(decode_rate)
+        v["prefill_tokens_per_s"].append(prefill_rate)
         v["throughput_tokens_per_s"].append(generated / seconds)
         print(f"  repeat {repeat + 1}/{args.repeats} {name}: " + ", ".join(f"{k} {x[-1]:.1f}" for k, x in v.items()))
     return values
