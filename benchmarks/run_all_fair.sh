@@ -16,7 +16,7 @@
 # Wall time on the 2-core Xeon, quiet (estimates): decode, both code paths, ~8 min; decode --profile,
 # both code paths, ~2 min; quant_quality ~1 min; quant_matvec ~4 min; kernels_cpu ~8 min; throughput ~40 min (transformers'
 # padded batch of 64 requests takes ~8 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
-# speculative ~10 min; structured ~10 min, its --coverage run ~15 min; scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
+# speculative ~10 min; structured ~10 min, its --coverage run ~4 min (25 schemas, measured on a 2-core Zen 5); scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
 # f0bbb69), both code paths, ~12 min. The llama.cpp peers must be built
 # first (~9 minutes each): `make bench-peers` and `benchmarks/build_peers.sh avx2`.
 set -euo pipefail
