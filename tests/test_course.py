@@ -393,7 +393,8 @@ from minillm import course
 result = course.your_code(chapter=sys.argv[1], max_tokens=8, model=sys.argv[2])
 print(json.dumps({"pieces": [p.__dict__ for p in result.pieces], "equal": result.equal,
                   "runs": {name: [package[0], yours[0]] for name, (package, yours) in result.runs.items()},
-                  "your_tokens": result.your_tokens, "package_tokens": result.package_tokens}))
+                  "your_tokens": result.your_tokens, "package_tokens": result.package_tokens,
+                  "tensor_parallel": result.runs["tensor_parallel"][1][1]}))
 """
 
 
@@ -406,16 +407,18 @@ def test_your_code_on_the_package_solutions_reaches_every_seated_task(tmp_path, 
     result = json.loads(run.stdout.strip().splitlines()[-1])
     pieces = {p["task"]: p for p in result["pieces"]}
     assert list(pieces) == list(all_tasks())
-    hooks = {m for m, seat in seats.SEATS.items() if seat.kind == seats.HOOK}
-    for marker, piece in pieces.items():
-        if marker in hooks:
-            assert piece["whose"] == "package (no seat yet)" and piece["where"], marker
-        else:
-            assert piece["whose"] == "yours" and piece["reached"] > 0, piece
+    for marker, piece in pieces.items():   # every task has its seat: none is left waiting for a hook
+        assert piece["whose"] == "yours" and piece["reached"] > 0, piece
     assert set(result["runs"]) == {"greedy", "sampled", "engine", "serve", "speculate", "speculate_sampled",
-                                   "constrained", "cuda", "routing"}
+                                   "constrained", "cuda", "routing", "tensor_parallel"}
     for name, (package, yours) in result["runs"].items():
         assert package == yours, name
+    # the split ran in both tensor-parallel ranks, in every layer of every forward (one a token), by their count
+    from minillm.model.loader import read_weights
+    how, calls = result["tensor_parallel"]
+    (tokens,) = result["runs"]["tensor_parallel"][1]
+    assert how == "2 ranks" and calls == [read_weights(smollm2_path)[0].n_layers * len(tokens)] * 2
+    assert pieces["ch12_column_row_linear"]["reached"] == sum(calls)
     # and the greedy tokens are SmolLM2's: transformers' greedy continuation of the same prompt
     import torch
     model, tokenizer = hf_smollm2

@@ -9,9 +9,12 @@ mid-run must end the run with an error naming it, and closing a group must leave
 One process holds one group at a time (torch.distributed's default group): the ``groups``
 fixture keeps the current one and swaps it when a test asks for another.
 """
+import functools
 import gc
+import importlib
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -227,6 +230,26 @@ def test_a_dropped_group_leaves_no_process(model_paths):
     del group
     gc.collect()
     assert not any(p.is_alive() for p in workers) and not dist.is_initialized()
+
+
+def test_setup_runs_in_every_worker_and_collect_asks_every_rank(model_paths):
+    """What the course relies on to run the learner's split in the ranks (tensor_parallel_seat.py)."""
+    group = TensorParallelGroup(model_paths["tiny-llama"], 3, timeout=TIMEOUT,
+                                setup=functools.partial(sys.setrecursionlimit, 4321))
+    try:
+        assert group.collect(os.getpid) == [os.getpid()] + [p.pid for p in group.workers]
+        assert group.collect(sys.getrecursionlimit)[1:] == [4321, 4321]   # rank 0 is the caller's to set up
+        check_logits(group, load_model(model_paths["tiny-llama"]))       # and the group still computes
+    finally:
+        group.close()
+
+
+def test_a_setup_that_fails_ends_the_start_with_the_rank_named(model_paths):
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1 died .* while starting"):
+        TensorParallelGroup(model_paths["tiny-llama"], 2, timeout=TIMEOUT,
+                            setup=functools.partial(importlib.import_module, "no_module_of_this_name"))
+    assert time.monotonic() - start < TIMEOUT and not dist.is_initialized()
 
 
 # -----------------------------------------------------------------------------

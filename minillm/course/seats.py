@@ -16,6 +16,8 @@ engine (chapters 07-08, LLMEngine, with a KV budget small enough to preempt), or
 chapter 09: one streamed completion through the OpenAI app in process, then /metrics; it runs
 the paged engine too, so BOTH's seats are reached there as well).
 ROUTER: chapter 12's routing run - the replica set's routing policy on a shared-prefix workload.
+TENSOR_PARALLEL: chapter 12's tensor-parallel run - the greedy request on 2 ranks, spawned processes
+that each import and count the learner's piece themselves (course/tensor_parallel_seat.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from minillm.course.tasks import all_tasks, chapter_of, is_blank_stub, task
 
 SINGLE, ENGINE, BOTH, SERVER = "single", "engine", "both", "server"  # which run reaches a seat (see the docstring)
 ROUTER = "router"  # chapter 12's routing run
+TENSOR_PARALLEL = "tensor-parallel"  # chapter 12's tensor-parallel run
 KERNEL, SWAP, CALL, CUDA, HOOK = "kernel", "swap", "call", "cuda", "hook"
 
 
@@ -35,7 +38,8 @@ KERNEL, SWAP, CALL, CUDA, HOOK = "kernel", "swap", "call", "cuda", "hook"
 class Seat:
     kind: str
     targets: tuple[tuple[str, str], ...] = ()  # SWAP: (module, attribute) the engine calls, set to the learner's
-    path: str | None = None                    # SINGLE, ENGINE, BOTH or SERVER; None for CALL, CUDA and HOOK
+    path: str | None = None                    # SINGLE, ENGINE, BOTH, SERVER, ROUTER or TENSOR_PARALLEL;
+    #                                            None for CALL, CUDA and HOOK
     note: str = ""                             # what reaches it, or the hook it needs
 
 
@@ -94,8 +98,9 @@ SEATS = {
                                      note="the DFA of the constrained run's guided_regex (byte_dfa)"),
     "ch11_token_mask": swap(("minillm.generation.constrained.token_index", "allowed_tokens"), path=ENGINE,
                             note="the constrained run's token index, asked state by state"),
-    "ch12_column_row_linear": Seat(HOOK, note="needs the tensor-parallel ranks to take their split linear "
-                                              "layers from one module attribute"),
+    "ch12_column_row_linear": swap(("minillm.model.sharding", "column_row_linear"), path=TENSOR_PARALLEL,
+                                   note="the SwiGLU block of each of 2 tensor-parallel ranks, on its own shard "
+                                        "(world_size 1 in each process; its all_reduce is the group's)"),
     "ch12_cache_aware_routing": swap(("minillm.serve.router", "cache_aware_choice"), path=ROUTER,
                                      note="the replica set's cache-aware policy (make_policy, as ReplicaSet "
                                           "builds it) routes chapter 12's shared-prefix workload, without Ray"),

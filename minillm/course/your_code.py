@@ -13,6 +13,8 @@ Runs, each made twice - on the package, then on the learner's pieces - and compa
     cuda       chapter 03's kernels in a tiny model's forward, in a process of its own (from ch03)
     routing    chapter 12's shared-prefix workload through the replica set's cache-aware policy,
                replica by replica (no Ray: the policy is pure Python)               (from ch12)
+    tensor_parallel     the greedy request on 2 ranks (spawned processes), each rank's SwiGLU
+               block through column_row_linear, beside the one-process greedy run  (from ch12)
 Chapter 01's roofline and decode ceiling predict the decode speed the greedy run then measures.
 
 The sampled speculative run verifies its drafts by rejection sampling, whose rule draws random
@@ -29,14 +31,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minillm.course import cuda_seat, server_run
+from minillm.course import cuda_seat, server_run, tensor_parallel_seat
 from minillm.course.learner_ops import Reach, learner_backend
 from minillm.course.seats import CALL, CUDA, HOOK, KERNEL, SEATS, learner_pieces, learner_seats, tasks_up_to, written
 from minillm.course.tasks import task
 from minillm.generation.generate import Generation
 from minillm.generation.sampling import SamplingParams
 from minillm.llm import LLM, load_tokenizer
-from minillm.model import loader
+from minillm.model import loader, sharding
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.quality import Int8KVCache
 from minillm.model.transformer import Model
@@ -124,6 +126,7 @@ def _runs(path: Path, chapter: str, prompt: str, max_tokens: int, reach: Reach) 
         runs["cuda"] = cuda_seat.run(chapter, reach)
     if chapter >= "ch12":
         runs["routing"] = _routing(chapter, load_tokenizer(path), reach)
+        runs["tensor_parallel"] = _tensor_parallel(path, prompt, max_tokens, package["greedy"], reach)
     runs["_decode_tokens_per_s"] = decode_tokens_per_s
     return runs
 
@@ -241,6 +244,21 @@ def _route(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     return [choices], [choices.count(r) for r in range(ROUTING_REPLICAS)]
 
 
+def _tensor_parallel(path: Path, prompt: str, max_tokens: int, one_process: tuple,
+                     reach: Reach) -> tuple[tuple, tuple]:
+    """The greedy request on tensor_parallel_seat.TP_SIZE ranks, each rank's MLP through the learner's
+    column_row_linear (the package's until it is written), beside the package's one-process greedy
+    run: (([tokens], "one process"), ([tokens], (what happened, each rank's calls))). Only this seat is
+    the learner's in the ranks: a difference is the split's. The ranks count their calls themselves."""
+    marker = tensor_parallel_seat.MARKER
+    mine = written(marker)
+    fn = learner_pieces(marker)["column_row_linear"] if mine else sharding.column_row_linear
+    tokens, how, calls = tensor_parallel_seat.run(path, prompt, max_tokens, fn)
+    if mine:
+        reach[marker] += sum(c for c in calls if c)
+    return (one_process[0], "one process"), (tokens, (how, calls))
+
+
 # ----------------------------------------------------------------------------------------------
 # chapter 01: the prediction the greedy run measures
 
@@ -332,12 +350,17 @@ def _print_tokens(path: Path, prompt: str, result: YourCodeResult) -> None:
     for name, (theirs, mine) in result.runs.items():
         if name != "greedy":
             print(f"{name}: {'the same' if theirs[0] == mine[0] else 'NOT the same'} as the package's "
-                  f"({_describe(name, theirs)})")
+                  f"({_describe(name, theirs, mine)})")
     print("the same tokens in every run" if result.equal else "the runs differ: check() the pieces marked yours")
 
 
-def _describe(name: str, outcome: tuple) -> str:
+def _describe(name: str, outcome: tuple, yours: tuple) -> str:
+    """The package's outcome of a run (the tensor-parallel run: the learner's) in a few words."""
     tokens, extra = outcome
+    if name == "tensor_parallel":
+        how, calls = yours[1]
+        counts = " + ".join("?" if c is None else str(c) for c in calls)
+        return f"{how}; column_row_linear called {counts} times, rank by rank"
     if name in ENGINE_RUNS:
         return f"{len(tokens)} requests, {sum(map(len, tokens))} tokens, {extra} preemptions"
     if name == "cuda":

@@ -20,6 +20,11 @@ Why gather the logits rather than a distributed argmax: the sampler needs the wh
 temperature's softmax, top-p/top-k, logprobs, repetition penalties and a structured-output mask
 all read every token's score. The gather costs L x V x 4 bytes a step (``RankTimings``).
 
+A caller may have every worker set itself up before it loads its shard (``setup``, a function
+the workers import by name: they are fresh processes and inherit no change the caller made to its
+own modules), and ask every rank a question afterwards (``collect``): the course runs the
+learner's column/row split in the ranks this way (minillm/course/tensor_parallel_seat.py).
+
 A rank that dies ends the run with an error naming it: gloo fails a collective whose peer has
 gone, every collective has a timeout, and rank 0 checks its workers before each step. Closing
 the group (or losing the last reference to it, or the interpreter exiting) stops the workers.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import signal
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import connection as mp_connection
@@ -133,10 +139,12 @@ def timed_forward(model: ShardedModel, collectives: Collectives, token_ids: np.n
 # ranks 1 .. N-1
 
 def worker(rank: int, world_size: int, path: str, backend: str, activations: str, init_method: str,
-           timeout: float, threads: int, started) -> None:
-    """A worker rank's life: say it started, join the group, load its shard, follow rank 0's messages."""
+           timeout: float, threads: int, started, setup: Callable[[], None] | None) -> None:
+    """A worker rank's life: set up, say it started, join the group, load its shard, follow rank 0's messages."""
     # Ctrl-C in a terminal reaches every process of the group: rank 0 decides when the ranks stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if setup is not None:  # before `started`: a setup that fails ends the group's start at once
+        setup()
     started.send(rank)
     started.close()
     numba.set_num_threads(threads)
@@ -156,6 +164,8 @@ def worker(rank: int, world_size: int, path: str, backend: str, activations: str
                 timed_forward(model, collectives, token_ids, meta, cache, num_layers)
             elif kind == "cache":
                 cache = PagedKVCache(model.config, *args, model.ops)
+            elif kind == "collect":
+                dist.gather_object(args[0](), None, dst=0)
             elif kind == "timings":
                 dist.gather_object(collectives.timings(), None, dst=0)
                 if args[0]:
@@ -174,11 +184,14 @@ class TensorParallelGroup:
 
     ``threads``: Numba threads per rank (default: this process's threads shared out, at least 1).
     ``timeout``: seconds any collective waits for the others before the run fails.
+    ``setup``: a function every worker calls first, before it loads its shard; it is pickled to
+    them by name (a module-level function, or a ``functools.partial`` of one). Rank 0 is this
+    process: the caller sets it up itself.
     One group per process at a time (it uses torch.distributed's default process group).
     """
 
     def __init__(self, path: str | Path, world_size: int, backend: str = "numba", activations: str = "fp32",
-                 threads: int | None = None, timeout: float = DEFAULT_TIMEOUT):
+                 threads: int | None = None, timeout: float = DEFAULT_TIMEOUT, setup: Callable[[], None] | None = None):
         if not isinstance(world_size, int) or world_size < 2:
             raise ValueError(f"tensor_parallel_size must be an integer >= 2 for a group, got {world_size!r}")
         if threads is not None and threads < 1:
@@ -196,7 +209,7 @@ class TensorParallelGroup:
         started, started_writer = context.Pipe(duplex=False)
         self.workers = [context.Process(target=worker, daemon=True, name=f"minillm-tp-rank{rank}",
                                         args=(rank, world_size, str(path), backend, activations, init_method,
-                                              timeout, self.threads, started_writer))
+                                              timeout, self.threads, started_writer, setup))
                         for rank in range(1, world_size)]
         self._state = {"open": True, "initialized": False}
         self._finalizer = weakref.finalize(self, shutdown, self.workers, self._state)
@@ -227,8 +240,8 @@ class TensorParallelGroup:
                     waiting.discard(started.recv())
                 except EOFError:
                     pass
-            self.check_alive(hint=" while starting (under spawn, a script that starts ranks needs "
-                                  "`if __name__ == \"__main__\":`)")
+            self.check_alive(hint=" while starting (its traceback is on stderr; under spawn, a script that starts "
+                                  "ranks needs `if __name__ == \"__main__\":`)")
         started.close()
         if waiting:
             raise RankFailed(f"tensor-parallel ranks {sorted(waiting)} did not start within {self.timeout} s")
@@ -253,6 +266,17 @@ class TensorParallelGroup:
             self._fail(e)
         finally:
             numba.set_num_threads(threads)
+
+    def collect(self, question: Callable[[], object]) -> list:
+        """``question()`` asked in every rank's process, the answers in rank order. Like ``setup``,
+        it is pickled to the workers by name. Call it from the thread that steps the engine."""
+        self.send("collect", question)
+        replies = [None] * self.world_size
+        try:
+            dist.gather_object(question(), replies, dst=0)
+        except Exception as e:
+            self._fail(e)
+        return replies
 
     def timings(self, reset: bool = False) -> list[RankTimings]:
         """Every rank's ``RankTimings``, in rank order; ``reset`` starts the counts again. Call it
