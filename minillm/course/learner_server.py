@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from minillm.course.learner_ops import Reach
-from minillm.course.seats import CALL, CUDA, SEATS, SINGLE, learner_seats, tasks_up_to
+from minillm.course.seats import CALL, CUDA, ROUTER, SEATS, SINGLE, TENSOR_PARALLEL, learner_seats, tasks_up_to
 from minillm.course.tasks import all_tasks, chapter_of
 from minillm.course.your_code import _learner_model, _loading, _piece
 from minillm.llm import LLM, model_path
@@ -53,10 +53,11 @@ def learner_engine(chapter: str = LAST_CHAPTER) -> Iterator[Callable[[EngineConf
 
 
 def _outside_the_engine(marker: str) -> bool:
-    """Run only by your_code: chapter 01's prediction, chapter 03's CUDA forward, and the pieces of
-    its single request on a contiguous cache (the engine's cache is paged)."""
+    """Run only by your_code: chapter 01's prediction, chapter 03's CUDA forward, the pieces of its
+    single request on a contiguous cache (the engine's cache is paged), and chapter 12's runs (the
+    router of a replica set, the tensor-parallel ranks: one served engine has neither)."""
     seat = SEATS[marker]
-    return seat.kind in (CALL, CUDA) or seat.path == SINGLE
+    return seat.kind in (CALL, CUDA) or seat.path in (SINGLE, ROUTER, TENSOR_PARALLEL)
 
 
 def _print_whose(chapter: str, pieces) -> None:
