@@ -783,7 +783,7 @@ def test_source_share_and_solution_section_on_a_synthetic_notebook():
 UNSTAMPED_RESULTS_YET = {"01_hardware", "02_cpu_kernels", "04_weights_and_quantization", "05_transformer",
                          "06_generation", "07_paged_kv_cache", "08_scheduler", "09_server", "11_structured_output",
                          "12_scale_out"}
-SOURCE_HEAVY_YET = {"02_cpu_kernels", "03_gpu_kernels", "10_speculative_decoding"}
+SOURCE_HEAVY_YET: set[str] = set()
 
 
 def chapters_but(known_failing: set[str], reason: str) -> list:
