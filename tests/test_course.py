@@ -776,14 +776,12 @@ def test_source_share_and_solution_section_on_a_synthetic_notebook():
         == {"decode", "quant_quality"}
 
 
-# Issue 29 is still open on two counts, and the cases known to fail are expected failures - strict,
+# Issue 29 is still open on one count, and the cases known to fail are expected failures - strict,
 # so that the day one passes its mark must go: the committed results files predate the machine and
-# fingerprint stamp (they are rerun on one quiet machine by benchmarks/run_all_fair.sh), and these
-# chapters still print more package source than a fifth of their lines.
+# fingerprint stamp (they are rerun on one quiet machine by benchmarks/run_all_fair.sh).
 UNSTAMPED_RESULTS_YET = {"01_hardware", "02_cpu_kernels", "04_weights_and_quantization", "05_transformer",
                          "06_generation", "07_paged_kv_cache", "08_scheduler", "09_server", "11_structured_output",
                          "12_scale_out"}
-SOURCE_HEAVY_YET: set[str] = set()
 
 
 def chapters_but(known_failing: set[str], reason: str) -> list:
@@ -791,8 +789,7 @@ def chapters_but(known_failing: set[str], reason: str) -> list:
             for p in CHAPTERS]
 
 
-@pytest.mark.parametrize("notebook_path", chapters_but(SOURCE_HEAVY_YET, "issue 29: excerpts still to trim"),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
 def test_package_source_is_at_most_a_fifth_of_what_a_chapter_prints(notebook_path):
     shown, printed = source_share(json.loads(notebook_path.read_text()))
     assert shown <= 0.2 * printed, f"{notebook_path.name}: {shown} of {printed} printed lines are package source"
