@@ -192,6 +192,26 @@ def test_a_verify_sized_batch_uses_the_chunk_kernel_and_stays_identical(tiny_mod
     assert model.fused_decode_steps == before + 1
 
 
+def test_an_early_exit_draft_runs_its_layers_fused_and_stays_identical(tiny_models, monkeypatch):
+    """forward(num_layers=1), as the self-speculative drafter calls it, between full forwards."""
+    model = tiny_models["llama", "int8"]
+
+    def draft_then_full():
+        cache = PagedKVCache(model.config, NUM_BLOCKS, BLOCK_SIZE, model.ops)
+        tables = tables_for(2, NUM_BLOCKS // 2)
+        model.forward(np.arange(20), PagedAttentionMetadata.build([9, 11], [0, 0], tables, BLOCK_SIZE), cache)
+        meta = PagedAttentionMetadata.build([1, 1], [9, 11], tables, BLOCK_SIZE)
+        draft = model.forward(np.array([4, 7]), meta, cache, num_layers=1)
+        return [draft, model.forward(np.array([4, 7]), meta, cache)], cache
+
+    before = model.fused_decode_steps
+    fused = draft_then_full()
+    assert model.fused_decode_steps == before + 2
+    with PerOp(monkeypatch):
+        reference = draft_then_full()
+    assert_same_steps(fused, reference)
+
+
 def test_rows_padded_to_the_row_group_stay_identical(tiny_files, monkeypatch):
     """Rows per group that do not divide a matrix's rows: the kernels' padded outputs are cut."""
     model = load_model(tiny_files["llama"])
@@ -251,7 +271,8 @@ def test_a_learner_kernel_in_the_backend_runs_instead(tiny_models):
         learner = transformer.Model(model.config, model.weights, Backend("exercises", ops))
         assert steps_taken(learner) == 0, op
         assert calls, op
-    same = transformer.Model(model.config, model.weights, Backend("numba-again", {n: getattr(numba_ops, n) for n in OPS}))
+    package_ops = {name: getattr(numba_ops, name) for name in OPS}
+    same = transformer.Model(model.config, model.weights, Backend("numba-again", package_ops))
     assert steps_taken(same) == 2  # another Backend object holding the package's own kernels fuses
 
 

@@ -10,7 +10,7 @@ matrix of a small model, so a 500-token prompt should not pay for it 500 times.
 
 A decode-sized batch on the numba backend and the paged cache runs each layer as one compiled call
 (minillm/kernels/cpu/fused_decode.py) instead of the layers' ~7 kernel calls from Python: the same
-kernels in the same order, so the same logits bit for bit. ``Model.fused_decode`` says when.
+kernels in the same order, so the same logits bit for bit. ``Model.fused_decode_step`` says when.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops):
         self.config, self.weights, self.ops = config, weights, ops
         self.context = LayerContext.build(config, ops)  # what every layer shares, built once
-        self.fused_decode_steps = 0  # forwards whose layers ran fused (see fused_decode)
+        self.fused_decode_steps = 0  # forwards whose layers ran fused (see fused_decode_step)
         self._fused_memo = None      # see _fused_layers
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: KVCache,
@@ -91,7 +91,7 @@ class Model:
         elif not 1 <= num_layers <= self.config.n_layers:
             raise ValueError(f"num_layers must lie in [1, {self.config.n_layers}], got {num_layers}")
         x = self.embed(token_ids)                             # (N, D)
-        fused = self.fused_decode(x, meta, cache, num_layers)
+        fused = self.fused_decode_step(x, meta, cache, num_layers)
         if fused is not None:
             step, layers = fused
             for layer, layer_weights in enumerate(layers):
@@ -104,7 +104,7 @@ class Model:
         x = ops.rms_norm(x, weights.final_norm, self.config.rms_eps)  # (L, D)
         return self.lm_head(x)                                # (L, V)
 
-    def fused_decode(self, x: np.ndarray, meta: AttentionMetadata, cache: KVCache,
+    def fused_decode_step(self, x: np.ndarray, meta: AttentionMetadata, cache: KVCache,
                      num_layers: int) -> tuple[fused_decode.DecodeStep, list] | None:
         """The fused decode step for this batch and its layers' weights, checked, or None where the
         per-op layers must run. The fused layer computes exactly what they compute, so it runs only
@@ -129,17 +129,18 @@ class Model:
         return step, layers
 
     def _fused_layers(self, num_layers: int) -> list | None:
-        """fused_decode.layer_weights of the first ``num_layers`` layers, or None if one cannot run
-        fused. Remembered while every weight object is the one they were made from: checking the
-        identities costs a fifth of checking the weights again (~100 us a SmolLM2 step)."""
-        weights = [part for w in self.weights.layers[:num_layers]
+        """fused_decode.layer_weights of the first ``num_layers`` layers, or None if a layer cannot
+        run fused. Made for every layer (an early-exit draft and the full verify alternate) and
+        remembered while every weight object is the one they were made from: checking the
+        identities is cheaper than checking the weights again every step."""
+        weights = [part for w in self.weights.layers
                    for part in (w.attn_norm, w.qkv, w.wo, w.mlp_norm, w.gate_up, w.w_down, w.q_norm, w.k_norm)]
         if self._fused_memo is not None:
             seen, layers = self._fused_memo  # seen keeps its objects alive: no id is reused meanwhile
             if len(seen) == len(weights) and all(map(operator.is_, seen, weights)):
-                return layers
+                return None if layers is None else layers[:num_layers]
         layers, dims = [], _fused_dims(self.context.config)
-        for w in self.weights.layers[:num_layers]:
+        for w in self.weights.layers:
             # unstacked qkv or gate_up (LayerWeights): the per-op path concatenates, the fused one does not
             layer = (fused_decode.layer_weights(w.attn_norm, w.qkv[0], w.wo, w.mlp_norm, w.gate_up[0], w.w_down,
                                                 w.q_norm, w.k_norm, dims)
@@ -149,7 +150,7 @@ class Model:
                 break
             layers.append(layer)
         self._fused_memo = (weights, layers)
-        return layers
+        return None if layers is None else layers[:num_layers]
 
     # a rank of a tensor-parallel model holds a slice of the vocabulary: it overrides these two
     def embed(self, token_ids: np.ndarray) -> np.ndarray:

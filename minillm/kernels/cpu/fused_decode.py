@@ -117,7 +117,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         # attention block
         normed = rms_norm_serial(x, attn_norm, eps)                                            # (T, D)
         qkv = linear_rows(qkv_q, qkv_s, qkv_m, normed, heads * head_dim, qkv_code, rows_per_group, tokens, isa)
-        qkv = qkv.reshape(tokens, heads, head_dim)                                              # (T, H + 2Hkv, Dh)
+        qkv = qkv.reshape(tokens, heads, head_dim)                                             # (T, H + 2Hkv, Dh)
         if q_norm.shape[0]:  # Qwen3: RMSNorm over each head's vector, before RoPE
             q = rms_norm_serial(np.ascontiguousarray(qkv[:, :n_heads]).reshape(tokens * n_heads, head_dim),
                                 q_norm, eps).reshape(tokens, n_heads, head_dim)
@@ -137,16 +137,16 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         attended = np.empty_like(q)                                                            # (T, H, Dh)
         if decode:
             paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale,
-                                    attended)
+                                   attended)
         else:
             paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens, job_seq, job_t0,
-                                  scale, attended)
+                                 scale, attended)
         h = x + linear_rows(wo_q, wo_s, wo_m, attended.reshape(tokens, n_heads * head_dim), model_dim, wo_code,
-                        rows_per_group, tokens, isa)                                           # (T, D)
+                            rows_per_group, tokens, isa)                                       # (T, D)
         # MLP block
         normed = rms_norm_serial(h, mlp_norm, eps)                                             # (T, D)
-        gate_up = linear_rows(gate_up_q, gate_up_s, gate_up_m, normed, 2 * ffn, gate_up_code, rows_per_group, tokens,
-                          isa)                                                                 # (T, 2F)
+        gate_up = linear_rows(gate_up_q, gate_up_s, gate_up_m, normed, 2 * ffn, gate_up_code, rows_per_group,
+                              tokens, isa)                                                     # (T, 2F)
         hidden = swiglu_serial(np.ascontiguousarray(gate_up[:, :ffn]), np.ascontiguousarray(gate_up[:, ffn:]))
         return h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
 
