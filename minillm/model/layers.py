@@ -184,3 +184,16 @@ def decoder_layer(x: np.ndarray, weights: LayerWeights, layer: int, cache: KVCac
     h = x + ctx.all_reduce(self_attention(normed, weights, layer, cache, meta, ctx))  # (N, D)
     normed = ops.rms_norm(h, weights.mlp_norm, eps)                       # (N, D)
     return h + ctx.all_reduce(swiglu_mlp(normed, weights, ops))           # (N, D)
+
+
+# The functions of the per-op forward as this module defines them. The fused decode path
+# (minillm/kernels/cpu/fused_decode.py) computes what they compute, so the model runs it only while
+# every one is in place: code seated instead of one (the course seats a learner's decoder layer
+# at minillm.model.transformer.decoder_layer) must run, not be skipped.
+PER_OP_FUNCTIONS = {fn.__name__: fn for fn in (decoder_layer, self_attention, swiglu_mlp, linear, linear_stacked)}
+
+
+def per_op_functions_in_place() -> bool:
+    """No function of this module's per-op forward has been replaced."""
+    here = globals()
+    return all(here[name] is fn for name, fn in PER_OP_FUNCTIONS.items())

@@ -7,16 +7,26 @@ chapters 05/06, paged in chapter 07). Everything else it needs (config, weights,
 RoPE tables) is the model's, bundled once in ``Model``. Logits are computed only for the rows the
 metadata asks for (by default the last new token of each sequence): the LM head is the largest
 matrix of a small model, so a 500-token prompt should not pay for it 500 times.
+
+A decode-sized batch on the numba backend and the paged cache runs each layer as one compiled call
+(minillm/kernels/cpu/fused_decode.py) instead of the layers' ~7 kernel calls from Python: the same
+kernels in the same order, so the same logits bit for bit. ``Model.fused_decode_step`` says when.
 """
 from __future__ import annotations
 
+import operator
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.kernels.cpu import fused_decode
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache, KVCache
-from minillm.model.layers import LayerContext, LayerWeights, Weight, decoder_layer, embed, linear
+from minillm.model.layers import (
+    PER_OP_FUNCTIONS, LayerContext, LayerWeights, Weight, decoder_layer, embed, linear, no_reduce,
+    per_op_functions_in_place,
+)
 
 
 @dataclass
@@ -44,12 +54,26 @@ def _check_batch(token_ids: np.ndarray, meta: AttentionMetadata, config: ModelCo
                          f"got {meta.positions.min()}..{meta.max_position}")
 
 
+def _host_paged_cache(cache: KVCache) -> bool:
+    """``cache`` is the runtime's PagedKVCache itself (not its device subclass, nor any other). The
+    model layer imports nothing from the runtime above it, so the class is looked up among the
+    loaded modules: if minillm.runtime.paged_cache is not loaded, no cache can be one."""
+    paged_cache = sys.modules.get("minillm.runtime.paged_cache")
+    return paged_cache is not None and type(cache) is paged_cache.PagedKVCache
+
+
+def _fused_dims(c: ModelConfig) -> tuple[int, int, int, int, int]:
+    return c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size  # (D, H, Hkv, Dh, F)
+
+
 class Model:
     """A loaded model: its config, its weights, the kernel backend it runs on, and ``forward``."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops):
         self.config, self.weights, self.ops = config, weights, ops
         self.context = LayerContext.build(config, ops)  # what every layer shares, built once
+        self.fused_decode_steps = 0  # forwards whose layers ran fused (see fused_decode_step)
+        self._fused_memo = None      # see _fused_layers
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata, cache: KVCache,
                 num_layers: int | None = None) -> np.ndarray:
@@ -67,11 +91,66 @@ class Model:
         elif not 1 <= num_layers <= self.config.n_layers:
             raise ValueError(f"num_layers must lie in [1, {self.config.n_layers}], got {num_layers}")
         x = self.embed(token_ids)                             # (N, D)
-        for layer, layer_weights in enumerate(weights.layers[:num_layers]):
-            x = decoder_layer(x, layer_weights, layer, cache, meta, self.context)  # (N, D)
+        fused = self.fused_decode_step(x, meta, cache, num_layers)
+        if fused is not None:
+            step, layers = fused
+            for layer, layer_weights in enumerate(layers):
+                x = step.run(x, layer, layer_weights)         # (N, D) one compiled call a layer
+            self.fused_decode_steps += 1
+        else:
+            for layer, layer_weights in enumerate(weights.layers[:num_layers]):
+                x = decoder_layer(x, layer_weights, layer, cache, meta, self.context)  # (N, D)
         x = x[meta.logits_indices]                            # (L, D) norm and LM head only where asked
         x = ops.rms_norm(x, weights.final_norm, self.config.rms_eps)  # (L, D)
         return self.lm_head(x)                                # (L, V)
+
+    def fused_decode_step(self, x: np.ndarray, meta: AttentionMetadata, cache: KVCache,
+                     num_layers: int) -> tuple[fused_decode.DecodeStep, list] | None:
+        """The fused decode step for this batch and its layers' weights, checked, or None where the
+        per-op layers must run. The fused layer computes exactly what they compute, so it runs only
+        where nothing else would differ: at most ``fused_decode.MAX_ROWS`` rows; every function of
+        the per-op forward in place (a learner's decoder layer, seated by the course, runs itself);
+        the numba backend's own kernels (not a learner's, a timer's or another backend's); one
+        process holding whole layers (a tensor-parallel rank all-reduces between the halves); the
+        runtime's host paged cache; every linear weight repacked for the SIMD matvec, alike.
+        """
+        ctx = self.context
+        if (meta.num_tokens > fused_decode.MAX_ROWS or decoder_layer is not PER_OP_FUNCTIONS["decoder_layer"]
+                or not per_op_functions_in_place() or ctx.all_reduce is not no_reduce
+                or not _host_paged_cache(cache) or not fused_decode.uses_package_kernels(ctx.ops, cache.ops)
+                or x.dtype != np.float32 or not x.flags.c_contiguous):
+            return None
+        layers = self._fused_layers(num_layers)
+        if layers is None:
+            return None
+        c = ctx.config
+        step = fused_decode.DecodeStep(meta, cache.k, cache.v, num_layers, ctx.cos, ctx.sin, c.rope_style, c.rms_eps,
+                                       _fused_dims(c))
+        return step, layers
+
+    def _fused_layers(self, num_layers: int) -> list | None:
+        """fused_decode.layer_weights of the first ``num_layers`` layers, or None if a layer cannot
+        run fused. Made for every layer (an early-exit draft and the full verify alternate) and
+        remembered while every weight object is the one they were made from: checking the
+        identities is cheaper than checking the weights again every step."""
+        weights = [part for w in self.weights.layers
+                   for part in (w.attn_norm, w.qkv, w.wo, w.mlp_norm, w.gate_up, w.w_down, w.q_norm, w.k_norm)]
+        if self._fused_memo is not None:
+            seen, layers = self._fused_memo  # seen keeps its objects alive: no id is reused meanwhile
+            if len(seen) == len(weights) and all(map(operator.is_, seen, weights)):
+                return None if layers is None else layers[:num_layers]
+        layers, dims = [], _fused_dims(self.context.config)
+        for w in self.weights.layers:
+            # unstacked qkv or gate_up (LayerWeights): the per-op path concatenates, the fused one does not
+            layer = (fused_decode.layer_weights(w.attn_norm, w.qkv[0], w.wo, w.mlp_norm, w.gate_up[0], w.w_down,
+                                                w.q_norm, w.k_norm, dims)
+                     if len(w.qkv) == 1 and len(w.gate_up) == 1 else None)
+            if layer is None:
+                layers = None
+                break
+            layers.append(layer)
+        self._fused_memo = (weights, layers)
+        return None if layers is None else layers[:num_layers]
 
     # a rank of a tensor-parallel model holds a slice of the vocabulary: it overrides these two
     def embed(self, token_ids: np.ndarray) -> np.ndarray:

@@ -47,14 +47,14 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     shapes.check_write_kv(k_cache, v_cache, k, v, slot_mapping)
     shapes.check_contiguous_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv_heads, head_dim = k_cache.shape
-    _scatter_rows(k_cache.reshape(num_blocks * block_size, n_kv_heads * head_dim),  # (num_slots, Hkv*Dh) view
-                  np.ascontiguousarray(k, dtype=np.float32).reshape(len(slot_mapping), -1), slot_mapping.astype(np.int64))
-    _scatter_rows(v_cache.reshape(num_blocks * block_size, n_kv_heads * head_dim),
-                  np.ascontiguousarray(v, dtype=np.float32).reshape(len(slot_mapping), -1), slot_mapping.astype(np.int64))
+    scatter_rows(k_cache.reshape(num_blocks * block_size, n_kv_heads * head_dim),  # (num_slots, Hkv*Dh) view
+                 np.ascontiguousarray(k, dtype=np.float32).reshape(len(slot_mapping), -1), slot_mapping.astype(np.int64))
+    scatter_rows(v_cache.reshape(num_blocks * block_size, n_kv_heads * head_dim),
+                 np.ascontiguousarray(v, dtype=np.float32).reshape(len(slot_mapping), -1), slot_mapping.astype(np.int64))
 
 
 @njit(**KERNEL)
-def _scatter_rows(table, rows, slots):
+def scatter_rows(table, rows, slots):
     """table[slots[i]] = rows[i] for every i. table (num_slots, W); rows (N, W); slots (N,) checked."""
     for i in range(len(slots)):
         table[slots[i], :] = rows[i]
@@ -115,7 +115,7 @@ def _attend_chunk(q, k_cache, v_cache, table, i, kv_head, s0, s1, scale, m_out, 
 
 
 @njit(parallel=True, **KERNEL)
-def _paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale, out):
+def paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale, out):
     """out[i, h] = softmax(scale q[i, h] . K) V over the first query_keys[i] keys of sequence query_seq[i].
 
     q, out (N, H, Dh); block_tables (B, max_blocks) int32; query_seq, query_keys (N,) int64.
@@ -227,8 +227,8 @@ def _prefill_job(q, k_cache, v_cache, table, first_row, context_len, t0, t1, kv_
 
 
 @njit(parallel=True, **KERNEL)
-def _paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens,
-                          job_seq, job_t0, scale, out):
+def paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens,
+                         job_seq, job_t0, scale, out):
     """Every (query tile, kv head) job of a prefill batch. job_seq, job_t0 (J,) name each tile."""
     n_kv_heads = k_cache.shape[2]
     for job in prange(len(job_seq) * n_kv_heads):
@@ -239,7 +239,7 @@ def _paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, conte
                      kv_head, scale, out)
 
 
-def _prefill_jobs(query_starts: np.ndarray, context_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def prefill_jobs(query_starts: np.ndarray, context_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sequence, first query) of every query tile, ordered so that equal runs of jobs cost alike.
 
     Numba splits a prange into one contiguous run per thread, and a causal tile's cost grows with
@@ -257,16 +257,22 @@ def _prefill_jobs(query_starts: np.ndarray, context_lens: np.ndarray) -> tuple[n
     return np.asarray(seqs, dtype=np.int64)[zigzag], np.asarray(starts, dtype=np.int64)[zigzag]
 
 
+def key_chunks(n_queries: int, n_kv_heads: int, query_keys: np.ndarray) -> int:
+    """Chunks each query's keys are split into: more than one only when the (query row, kv head)
+    jobs are too few to fill the cores."""
+    few_jobs = n_queries * n_kv_heads < 4 * numba.get_num_threads()
+    return max(1, int(query_keys.max()) // SPLIT_MIN_KEYS) if few_jobs else 1
+
+
 def _run_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, scale):
     """Choose the chunking, then run the kernel. query_seq, query_keys (N,)."""
     scale = 1 / math.sqrt(q.shape[2]) if scale is None else scale
-    few_jobs = len(q) * k_cache.shape[2] < 4 * numba.get_num_threads()  # too few (row, kv head) jobs to fill the cores
-    n_chunks = max(1, int(query_keys.max()) // SPLIT_MIN_KEYS) if few_jobs else 1
+    n_chunks = key_chunks(len(q), k_cache.shape[2], query_keys)
     out = np.empty_like(q)  # (N, H, Dh)
-    _paged_attention_kernel(np.ascontiguousarray(q), k_cache, v_cache,
-                            np.ascontiguousarray(block_tables, dtype=np.int32),
-                            query_seq.astype(np.int64), query_keys.astype(np.int64), n_chunks,
-                            np.float32(scale), out)
+    paged_attention_kernel(np.ascontiguousarray(q), k_cache, v_cache,
+                           np.ascontiguousarray(block_tables, dtype=np.int32),
+                           query_seq.astype(np.int64), query_keys.astype(np.int64), n_chunks,
+                           np.float32(scale), out)
     return out
 
 
@@ -285,7 +291,7 @@ def paged_attention_prefill(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
     context_lens = np.asarray(context_lens, dtype=np.int64)  # (B,)
     scale = 1 / math.sqrt(q.shape[2]) if scale is None else scale
     out = np.empty_like(q)  # (N, H, Dh)
-    _paged_prefill_kernel(np.ascontiguousarray(q), k_cache, v_cache, np.ascontiguousarray(block_tables, dtype=np.int32),
-                          query_starts, context_lens, *_prefill_jobs(query_starts, context_lens),
-                          np.float32(scale), out)
+    paged_prefill_kernel(np.ascontiguousarray(q), k_cache, v_cache, np.ascontiguousarray(block_tables, dtype=np.int32),
+                         query_starts, context_lens, *prefill_jobs(query_starts, context_lens),
+                         np.float32(scale), out)
     return out

@@ -348,9 +348,13 @@ def inner_loop_asm(activations: str = "fp32", qtype: str = "Q4_1") -> list[str]:
     """The instructions of the innermost loop of the repacked matvec for ``activations`` ("fp32"
     or "int8") and ``qtype``, as compiled for this process's target (NUMBA_CPU_NAME honoured)."""
     w = repack(quantize(np.zeros((8, 64), dtype=np.float32), qtype), activations)
-    kernel = quant_int8.kernel_for(w, quant_int8.TARGET_ISA) if activations == "int8" else quant_fp32.kernel_for(w)
+    constants = (quant_fp32.QTYPE_CODES[qtype], w.rows_per_group, 1)  # code layout, R, T
+    if activations == "int8":
+        kernel, constants = quant_int8.matvec_rows_into, (*constants, quant_int8.TARGET_ISA)
+    else:
+        kernel = quant_fp32.matvec_rows_into
     fresh = numba.njit(parallel=True)(kernel.py_func)  # Numba keeps no assembly for code it loaded from its cache
     x, out = np.zeros((1, 64), dtype=np.float32), np.empty((1, 8), dtype=np.float32)  # (1, cols), (1, rows)
-    fresh(w.quants, w.scales, w.mins, x, out)
+    fresh(w.quants, w.scales, w.mins, x, out, *constants)  # once: `literally` makes the constants compile-time
     marker = "vfmadd|fmla" if activations == "fp32" else "vpdpbusd|vpmaddubsw|vpmaddwd|vpmulld|mul"
     return hot_loop_asm(next(iter(fresh.inspect_asm().values())), marker)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange, types
+from numba import literally, njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
@@ -146,16 +146,32 @@ def block_sums_of(x):
     return sums
 
 
+@njit(cache=True, parallel=True)
+def matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens):
+    """out (T, padded rows) = x (T, cols) W^T for the repacked W (quants, scales, mins), exact mode.
+
+    The kernel itself, for compiled callers (``_kernel`` below, cpu/fused_decode.py). qtype_code,
+    rows_per_group and tokens must be compile-time constants (the intrinsic unrolls over R and T):
+    a compiled caller passes constants; from Python, ``literally`` would retype every call (ms).
+    Nothing is checked: x must be C-contiguous (T, cols) float32, out (T, groups * R).
+    """
+    literally(qtype_code)
+    literally(rows_per_group)
+    literally(tokens)
+    block_sums = block_sums_of(x)  # (T, blocks)
+    for g in prange(out.shape[1] // rows_per_group):
+        _group_dot(quants, scales, mins, x, block_sums, g, x.shape[1] // 32, out, qtype_code, rows_per_group,
+                   tokens)
+
+
 @functools.cache
 def _kernel(qtype_code: int, rows_per_group: int, tokens: int):
-    """The kernel for one code layout, R and T, compiled on first use (Numba caches it on disk: the
-    constants are part of the cache key). Constants, not arguments: the intrinsic unrolls over R and T."""
-    @njit(cache=True, parallel=True)
+    """The kernel for one code layout, R and T, as a function of the arrays alone (Python calls it
+    at C speed), compiled on first use (Numba caches it on disk: the constants are part of the
+    cache key)."""
+    @njit(cache=True)
     def matvec_kernel(quants, scales, mins, x, out):
-        block_sums = block_sums_of(x)  # (T, blocks)
-        for g in prange(out.shape[1] // rows_per_group):
-            _group_dot(quants, scales, mins, x, block_sums, g, x.shape[1] // 32, out, qtype_code, rows_per_group,
-                       tokens)
+        matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens)
 
     return matvec_kernel
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange, types
+from numba import literally, njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
@@ -228,16 +228,28 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
     return signature, codegen
 
 
+@njit(cache=True, parallel=True)
+def matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens, isa):
+    """out (T, padded rows) ~ x (T, cols) W^T for the repacked W, int8 activations: the kernel
+    itself, for compiled callers (``_kernel`` below, cpu/fused_decode.py). The last four arguments
+    must be compile-time constants, as in quant_fp32.matvec_rows_into. Nothing is checked."""
+    literally(qtype_code)
+    literally(rows_per_group)
+    literally(tokens)
+    literally(isa)
+    x_codes, x_scales, x_sums = quantize_activations(x)  # (T, cols), (T, blocks), (T, blocks)
+    for g in prange(out.shape[1] // rows_per_group):
+        _group_dot(quants, scales, mins, x_codes, x_scales, x_sums, g, out,
+                   qtype_code, rows_per_group, tokens, isa)
+
+
 @functools.cache
 def _kernel(qtype_code: int, rows_per_group: int, tokens: int, isa: int):
-    """The kernel for one code layout, R, T and instruction set, compiled on first use (Numba
-    caches it on disk: the constants are part of the cache key; the intrinsic unrolls over R and T)."""
-    @njit(cache=True, parallel=True)
+    """The kernel for one code layout, R, T and instruction set, as a function of the arrays alone,
+    compiled on first use (Numba caches it on disk: the constants are part of the cache key)."""
+    @njit(cache=True)
     def matvec_kernel(quants, scales, mins, x, out):
-        x_codes, x_scales, x_sums = quantize_activations(x)  # (T, cols), (T, blocks), (T, blocks)
-        for g in prange(out.shape[1] // rows_per_group):
-            _group_dot(quants, scales, mins, x_codes, x_scales, x_sums, g, out,
-                       qtype_code, rows_per_group, tokens, isa)
+        matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens, isa)
 
     return matvec_kernel
 

@@ -1,0 +1,241 @@
+"""A decode step in one compiled call per decoder layer: the per-op path's kernels, called from Numba.
+
+The per-op forward (minillm/model/layers.py) calls about seven kernels a layer from Python, each
+behind a wrapper that checks its arguments and picks a driver: for SmolLM2-135M some 200 calls a
+decode step, ~0.84 ms of an ~8.8 ms step spent between them (benchmarks/results/
+decode_profile.json, "other (Python glue)"), besides the checks counted in each op's own time.
+For a decode-sized batch ``layer_kernel`` runs one layer in one call:
+
+    rms_norm -> qkv matvec -> (Qwen3: q/k RMSNorm) -> rope -> K/V write -> paged attention
+             -> o matvec -> residual -> rms_norm -> gate/up matvec -> swiglu -> down matvec -> residual
+
+by calling the very kernels the wrappers call (rows.py's serial drivers, the repacked matvec's
+``matvec_rows_into`` of quant_fp32.py / quant_int8.py, paged_attention.py's write and attention
+kernels) on the same values in the same order, so the logits are bit for bit the per-op path's.
+Numba does not bounds-check: what the wrappers check on every call, ``DecodeStep`` checks once a
+step (slots, block tables, positions: the batch) and ``layer_weights`` once a layer (the shapes).
+
+Where it applies (the model decides, minillm/model/transformer.py): the numba backend's own
+kernels, weights repacked for the SIMD matvec (exact or int8 activations), a host paged KV cache,
+and at most ``REPACKED_MATVEC_ROWS_MAX_T`` rows - the range in which qlinear runs the matvec
+kernel (a decode batch of up to 8 sequences, or a small speculative verify). Limits, as measured
+choices rather than hidden ones: rms_norm and swiglu always run their serial drivers here (the
+per-op wrappers switch to the parallel ones past ``PARALLEL_MIN_ELEMENTS`` floats, which a batch of
+8 rows reaches only from a hidden size of 4096; the arithmetic is the same row function).
+
+One kernel is compiled per (rows, each matrix's code layout, rows per group, activation mode) on
+first use and cached on disk by Numba, as the matvec kernels are.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import numpy as np
+from numba import njit
+from numba.extending import overload
+
+from minillm.kernels import cpu, shapes
+from minillm.kernels.cpu import matmul_ladder, paged_attention, quant_fp32, quant_int8, quant_llvm, rows
+from minillm.kernels.cpu.paged_attention import (
+    key_chunks, paged_attention_kernel, paged_prefill_kernel, prefill_jobs, scatter_rows,
+)
+from minillm.kernels.cpu.quant import REPACKED_MATVEC_ROWS_MAX_T
+from minillm.kernels.cpu.quant_repack import RepackedMatrix
+from minillm.kernels.cpu.rows import rms_norm_serial, rope_serial, swiglu_serial
+
+MAX_ROWS = REPACKED_MATVEC_ROWS_MAX_T  # beyond it qlinear runs qmatmul, another kernel: the per-op path runs
+EXACT = -1  # the activation mode of exact (fp32) weights; int8 ones name their ISA (quant_int8.TARGET_ISA)
+
+# Numba keys a cached function on its own source file only: a layer compiled into the disk cache
+# would go on running the old code of a kernel edited since. So the stamps (as Numba's: mtime and
+# size) of the files whose kernels it calls are part of each layer kernel's key.
+KERNEL_SOURCES = tuple((os.stat(m.__file__).st_mtime, os.stat(m.__file__).st_size)
+                       for m in (rows, matmul_ladder, paged_attention, quant_fp32, quant_int8, quant_llvm))
+
+# The backend ops whose work the fused layer does; each must be the numba backend's own function.
+FUSED_OPS = ("rms_norm", "qlinear", "rope", "swiglu", "paged_attention_decode", "paged_attention_prefill")
+
+
+def uses_package_kernels(ops, cache_ops) -> bool:
+    """Every op a layer calls (``ops``) and the cache's K/V write (``cache_ops``) is the numba
+    backend's own: a learner's kernel, a timed wrapper or another backend keeps the per-op path."""
+    return (all(getattr(ops, op, None) is getattr(cpu, op) for op in FUSED_OPS)
+            and getattr(cache_ops, "write_kv", None) is cpu.write_kv)
+
+
+# -----------------------------------------------------------------------------
+# the compiled layer
+
+def linear_rows(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
+    """x (T, cols) -> (T, rows) C-contiguous, by the kernel quant.qlinear runs for T <= MAX_ROWS
+    (quant_fp32 or quant_int8 ``matvec_rows_into``). Compiled code only (the fused layer calls it);
+    the last four arguments are compile-time constants."""
+    raise NotImplementedError("linear_rows runs inside compiled code only")
+
+
+@overload(linear_rows, prefer_literal=True)
+def _linear_rows_typed(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
+    """linear_rows for one activation mode: chosen here, when the caller is compiled, so that the
+    other mode's kernel is never compiled (Numba prunes a branch on a closure constant, not on a
+    literal argument)."""
+    exact = isa.literal_value == EXACT
+
+    def linear_rows_impl(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
+        padded = -(-rows // rows_per_group) * rows_per_group
+        out = np.empty((x.shape[0], padded), dtype=np.float32)  # (T, padded rows)
+        if exact:
+            quant_fp32.matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens)
+        else:
+            quant_int8.matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens, isa)
+        return out if padded == rows else np.ascontiguousarray(out[:, :rows])
+
+    return linear_rows_impl
+
+
+@functools.cache
+def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: int, isa: int):
+    """The compiled decoder layer for ``tokens`` rows, the code layouts of (qkv, wo, gate_up, down)
+    (quant_fp32.QTYPE_CODES), R and the activation mode (EXACT or an int8 ISA). Constants, not
+    arguments: the matvec kernels unroll over them (and Numba keys its disk cache on them)."""
+    qkv_code, wo_code, gate_up_code, down_code = codes
+    sources = KERNEL_SOURCES  # a closure constant, so part of Numba's cache key (see KERNEL_SOURCES)
+
+    @njit(cache=True)
+    def decoder_layer(x, attn_norm, qkv_q, qkv_s, qkv_m, wo_q, wo_s, wo_m, mlp_norm, gate_up_q, gate_up_s, gate_up_m,
+                      down_q, down_s, down_m, q_norm, k_norm, k_caches, v_caches, layer,
+                      n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, decode, block_tables,
+                      query_seq, query_keys, n_chunks, query_starts, context_lens, job_seq, job_t0, scale):
+        """x (T, D) -> (T, D), as layers.decoder_layer computes it; writes this layer's K/V.
+
+        k_caches, v_caches (n_layers, num_blocks, block_size, Hkv, Dh); q_norm, k_norm (Dh,) or
+        empty (Llama); the rest describes the batch (DecodeStep)."""
+        sources  # noqa: B018 (only named, to key the cache)
+        n_kv_heads, head_dim = k_caches.shape[3], k_caches.shape[4]
+        model_dim, heads = x.shape[1], n_heads + 2 * n_kv_heads
+        # attention block
+        normed = rms_norm_serial(x, attn_norm, eps)                                            # (T, D)
+        qkv = linear_rows(qkv_q, qkv_s, qkv_m, normed, heads * head_dim, qkv_code, rows_per_group, tokens, isa)
+        qkv = qkv.reshape(tokens, heads, head_dim)                                             # (T, H + 2Hkv, Dh)
+        if q_norm.shape[0]:  # Qwen3: RMSNorm over each head's vector, before RoPE
+            q = rms_norm_serial(np.ascontiguousarray(qkv[:, :n_heads]).reshape(tokens * n_heads, head_dim),
+                                q_norm, eps).reshape(tokens, n_heads, head_dim)
+            k = rms_norm_serial(np.ascontiguousarray(qkv[:, n_heads:n_heads + n_kv_heads]).reshape(
+                tokens * n_kv_heads, head_dim), k_norm, eps).reshape(tokens, n_kv_heads, head_dim)
+            qk = np.concatenate((q, k), axis=1)                                                # (T, H + Hkv, Dh)
+        else:
+            qk = np.ascontiguousarray(qkv[:, :n_heads + n_kv_heads])                           # (T, H + Hkv, Dh)
+        rope_serial(qk, positions, cos, sin, half_style)  # in place; positions checked by DecodeStep
+        k_rows = np.ascontiguousarray(qk[:, n_heads:]).reshape(tokens, n_kv_heads * head_dim)  # (T, Hkv Dh)
+        v_rows = np.ascontiguousarray(qkv[:, n_heads + n_kv_heads:]).reshape(tokens, n_kv_heads * head_dim)
+        k_cache, v_cache = k_caches[layer], v_caches[layer]                # (num_blocks, block_size, Hkv, Dh)
+        n_slots = k_cache.shape[0] * k_cache.shape[1]
+        scatter_rows(k_cache.reshape(n_slots, n_kv_heads * head_dim), k_rows, slot_mapping)
+        scatter_rows(v_cache.reshape(n_slots, n_kv_heads * head_dim), v_rows, slot_mapping)
+        q = np.ascontiguousarray(qk[:, :n_heads])                                              # (T, H, Dh)
+        attended = np.empty_like(q)                                                            # (T, H, Dh)
+        if decode:
+            paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale,
+                                   attended)
+        else:
+            paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens, job_seq, job_t0,
+                                 scale, attended)
+        h = x + linear_rows(wo_q, wo_s, wo_m, attended.reshape(tokens, n_heads * head_dim), model_dim, wo_code,
+                            rows_per_group, tokens, isa)                                       # (T, D)
+        # MLP block
+        normed = rms_norm_serial(h, mlp_norm, eps)                                             # (T, D)
+        gate_up = linear_rows(gate_up_q, gate_up_s, gate_up_m, normed, 2 * ffn, gate_up_code, rows_per_group,
+                              tokens, isa)                                                     # (T, 2F)
+        hidden = swiglu_serial(np.ascontiguousarray(gate_up[:, :ffn]), np.ascontiguousarray(gate_up[:, ffn:]))
+        return h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
+
+    return decoder_layer
+
+
+# -----------------------------------------------------------------------------
+# what Python checks: each layer's weights, then the batch once a step
+
+NO_NORM = np.empty(0, dtype=np.float32)  # q_norm / k_norm of a model without QK-norm (Llama)
+
+
+def layer_weights(attn_norm, qkv, wo, mlp_norm, gate_up, w_down, q_norm, k_norm,
+                  dims: tuple[int, int, int, int, int]) -> tuple[tuple, tuple] | None:
+    """(kernel key, kernel arguments) of one layer's weights, or None if the fused layer cannot
+    run them: a matrix not repacked, or repacked otherwise than the others, or a shape other than
+    dims = (D, H, Hkv, Dh, F) imply (the per-op path then runs and says what is wrong).
+    ``qkv`` and ``gate_up`` are the stacked matrices (LayerWeights)."""
+    model_dim, n_heads, n_kv_heads, head_dim, ffn = dims
+    matrices = ((qkv, ((n_heads + 2 * n_kv_heads) * head_dim, model_dim)), (wo, (model_dim, n_heads * head_dim)),
+                (gate_up, (2 * ffn, model_dim)), (w_down, (model_dim, ffn)))
+    first = qkv
+    for w, shape in matrices:
+        if (type(w) is not RepackedMatrix or w.shape != shape or w.activations != first.activations
+                or w.rows_per_group != first.rows_per_group):
+            return None
+    isa = quant_int8.TARGET_ISA if first.activations == "int8" else EXACT
+    if isa != EXACT and quant_int8.rows_per_vector(isa) == 2 and first.rows_per_group % 2:
+        return None  # quant_int8.matvec_rows refuses it: let the per-op path say so
+    norms = [(attn_norm, model_dim), (mlp_norm, model_dim)]
+    if (q_norm is None) != (k_norm is None):
+        return None
+    if q_norm is not None:
+        norms += [(q_norm, head_dim), (k_norm, head_dim)]
+    for norm, size in norms:
+        if not (isinstance(norm, np.ndarray) and norm.dtype == np.float32 and norm.shape == (size,)):
+            return None
+    key = (tuple(quant_fp32.QTYPE_CODES[w.qtype] for w, _ in matrices), first.rows_per_group, isa)
+    arrays = (attn_norm, qkv.quants, qkv.scales, qkv.mins, wo.quants, wo.scales, wo.mins,
+              mlp_norm, gate_up.quants, gate_up.scales, gate_up.mins, w_down.quants, w_down.scales, w_down.mins,
+              NO_NORM if q_norm is None else q_norm, NO_NORM if k_norm is None else k_norm)
+    return key, arrays
+
+
+class DecodeStep:
+    """One step's batch, checked once, and the layers run on it: ``run(x, layer, weights)``.
+
+    Checks what write_kv, rope and the paged attention wrappers check on every call: the cache
+    fits the model (n_layers, Hkv, Dh), the slots lie in it, the block tables name existing blocks
+    and cover every key read, the positions index the RoPE tables. ``meta`` is a
+    PagedAttentionMetadata; k_caches, v_caches the cache's (n_layers, num_blocks, block_size, Hkv,
+    Dh) arrays; cos, sin the model's RoPE tables; dims = (D, H, Hkv, Dh, F) as in layer_weights.
+    """
+
+    def __init__(self, meta, k_caches: np.ndarray, v_caches: np.ndarray, num_layers: int, cos: np.ndarray,
+                 sin: np.ndarray, rope_style: str, eps: float, dims: tuple[int, int, int, int, int]):
+        _, n_heads, n_kv_heads, head_dim, ffn = dims
+        tokens = meta.num_tokens
+        if not 1 <= tokens <= MAX_ROWS:
+            raise ValueError(f"a fused decode step runs 1..{MAX_ROWS} rows, got {tokens}")
+        if k_caches.ndim != 5 or k_caches.shape[0] < num_layers:
+            raise ValueError(f"the KV cache {k_caches.shape} does not hold (n_layers >= {num_layers}, num_blocks, "
+                             f"block_size, Hkv, Dh) arrays")
+        # the wrappers' own checks, on stand-ins of the shapes the layers pass them
+        q_probe = np.empty((tokens, n_heads, head_dim), dtype=np.float32)          # (T, H, Dh)
+        kv_probe = np.empty((tokens, n_kv_heads, head_dim), dtype=np.float32)      # (T, Hkv, Dh)
+        shapes.check_write_kv(k_caches[0], v_caches[0], kv_probe, kv_probe, meta.slot_mapping)
+        shapes.check_contiguous_cache(k_caches, v_caches)
+        shapes.check_rope(np.empty((tokens, n_heads + n_kv_heads, head_dim), dtype=np.float32), meta.positions,
+                          cos, sin, rope_style)
+        self.decode = bool((meta.query_lens == 1).all())  # as PagedKVCache.attend chooses its kernel
+        if self.decode:
+            tables, query_seq, query_keys = shapes.paged_decode_rows(q_probe, k_caches[0], v_caches[0],
+                                                                     meta.block_tables, meta.context_lens + 1)
+            n_chunks, jobs = key_chunks(tokens, n_kv_heads, query_keys), (np.empty(0, np.int64),) * 2
+        else:
+            tables, query_seq, query_keys = shapes.paged_prefill_rows(q_probe, k_caches[0], v_caches[0],
+                                                                      meta.block_tables, meta.query_starts,
+                                                                      meta.context_lens)
+            n_chunks, jobs = 1, prefill_jobs(meta.query_starts, meta.context_lens)
+        self.tokens, self.k_caches, self.v_caches = tokens, k_caches, v_caches
+        # the batch's part of every layer's arguments, in decoder_layer's order
+        self.batch = (n_heads, ffn, np.float32(eps), meta.positions, cos, sin, rope_style == "half",
+                      meta.slot_mapping, self.decode, np.ascontiguousarray(tables, dtype=np.int32),
+                      query_seq.astype(np.int64), query_keys.astype(np.int64), n_chunks,
+                      meta.query_starts, meta.context_lens, *jobs, np.float32(1 / math.sqrt(head_dim)))
+
+    def run(self, x: np.ndarray, layer: int, weights: tuple[tuple, tuple]) -> np.ndarray:
+        """Layer ``layer`` on the hidden states x (T, D) -> (T, D); weights from ``layer_weights``."""
+        (codes, rows_per_group, isa), arrays = weights
+        kernel = layer_kernel(self.tokens, codes, rows_per_group, isa)
+        return kernel(x, *arrays, self.k_caches, self.v_caches, layer, *self.batch)
