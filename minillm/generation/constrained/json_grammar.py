@@ -50,14 +50,13 @@ from minillm.generation.constrained.automata import DFA
 from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa
 from minillm.generation.constrained.grammar import Grammar, Ref, Terminal
-from minillm.generation.constrained.json_schema import MAX_BOUND, SchemaError, integer_range_regex
+from minillm.generation.constrained.json_schema import MAX_BOUND, SchemaError, draft4_bounds, integer_range_regex
+from minillm.generation.constrained.negation import EXCLUDED_NUMBERS, EXCLUDED_STRINGS, Negator, all_of, any_of
 from minillm.generation.constrained.regex import (EMPTY, MAX_CODE_POINT, MAX_REPEAT, Alternate, Chars, Concat, Repeat,
                                                   RegexError, literal, normalize, parse)
 
 ANNOTATIONS_OF_ALL_TYPES = {"$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary"}
-REFUSED = {"not": "a grammar cannot exclude a language", "if": "conditional schemas are not supported",
-           "then": "conditional schemas are not supported", "else": "conditional schemas are not supported",
-           "dependentRequired": "dependencies between properties are not supported",
+REFUSED = {"dependentRequired": "dependencies between properties are not supported",
            "dependentSchemas": "dependencies between properties are not supported",
            "dependencies": "dependencies between properties are not supported",
            "unevaluatedProperties": "unevaluated* keywords are not supported",
@@ -106,6 +105,8 @@ STRING_CHAR = json_chars(ANY_CHAR.ranges)
 QUOTE = literal('"')
 INTEGER = parse(r"-?(?:0|[1-9][0-9]*)")
 NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+PLAIN_NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")        # no exponent
+INTEGRAL = parse(r"-?(?:0|[1-9][0-9]*)(?:\.0+)?")                # the integers among PLAIN_NUMBER
 
 _H16 = "[0-9a-fA-F]{1,4}"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -239,6 +240,7 @@ class _Compiler:
         self.grammar = Grammar("root")
         self.shared: dict[object, str] = {}      # body -> rule name: equal bodies share one rule
         self.refs: dict[str, str] = {}           # JSON pointer -> the rule of its target
+        self.negator = Negator(self.resolve, ref_overrides, set(FORMATS))
 
     def rule(self, hint: str, body) -> Ref:
         name = self.shared.get(body)
@@ -295,9 +297,11 @@ class _Compiler:
             raise Unsatisfiable(f"the schema at {path} is false: no instance is valid")
         if not isinstance(schema, dict):
             raise SchemaError(f"the schema at {path} must be an object or a boolean, got {type(schema).__name__}")
-        schema = _draft4_bounds(self.merge_all_of(schema, path))
+        schema = draft4_bounds(self.merge_all_of(self.desugar(schema, path), path))
+        if not schema:   # e.g. not: false
+            return self.any_value()
         for key, why in REFUSED.items():
-            if key in schema and not (key in ("then", "else") and "if" not in schema):
+            if key in schema:
                 raise SchemaError(f"{key} at {path} is not supported: {why}")
         if "$ref" in schema:
             return self.reference(schema, path)
@@ -367,6 +371,23 @@ class _Compiler:
                 raise
         return Ref(self.refs[ref])
 
+    def desugar(self, schema: dict, path: str) -> dict:
+        """not and if/then/else written with allOf/anyOf (negation.py): then and else without an
+        if are ignored, as the specification says; draft-07's $ref ignores them all."""
+        if not any(k in schema for k in ("not", "if", "then", "else")) or ("$ref" in schema and self.ref_overrides):
+            return schema
+        parts = [{k: v for k, v in schema.items() if k not in ("not", "if", "then", "else")}]
+        if "not" in schema:
+            parts.append(self.negator.negate(schema["not"], f"{path}.not"))
+        if "if" in schema and (schema.get("then", True) is not True or schema.get("else", True) is not True):
+            condition = schema["if"]
+            parts.append(any_of([all_of([condition, schema.get("then", True)]),
+                                 all_of([self.negator.negate(condition, f"{path}.if", "if"), schema.get("else", True)])]))
+        merged = all_of(parts)
+        if merged is False:
+            raise Unsatisfiable(f"the schema at {path} has no valid instance")
+        return {} if merged is True else merged
+
     def merge_all_of(self, schema: dict, path: str) -> dict:
         """allOf folded into its schema, keyword by keyword, where the merge is exact."""
         if "allOf" not in schema:
@@ -390,7 +411,7 @@ class _Compiler:
                 if target is schema or (isinstance(target, dict) and "allOf" in target and schema in target["allOf"]):
                     raise SchemaError(f"allOf at {where} refers back to itself")
                 part = {"allOf": [target, {k: v for k, v in part.items() if k != "$ref"}]}
-            part = self.merge_all_of(part, where)
+            part = self.merge_all_of(self.desugar(part, where), where)
             merged = _merge(merged, part, where)
         return merged
 
@@ -418,10 +439,31 @@ class _Compiler:
             values = [v for v in values if any(_is_type(v, t) for t in types)]
         if "enum" in schema and "const" in schema:
             values = [v for v in values if any(_json_equal(v, e) for e in schema["enum"])]
+        values = [v for v in values if self.value_keywords_hold(v, schema, path)]
         if not values:
             raise Unsatisfiable(f"no value of enum/const at {path} is valid")
         options = [value_literal(v) for v in values]
         return options[0] if len(options) == 1 else Alternate(tuple(options))
+
+    def value_keywords_hold(self, value, schema: dict, path: str) -> bool:
+        """Whether an enum/const value satisfies the keywords beside it: all string and number
+        keywords, and the counts of arrays and objects (not their items and properties)."""
+        if isinstance(value, str):
+            if not any(k in schema for k in ("minLength", "maxLength", "pattern", "format", EXCLUDED_STRINGS)):
+                return True
+            try:
+                return self.string_dfa(schema, path).fullmatch(json.dumps(value, ensure_ascii=False).encode())
+            except Unsatisfiable:
+                return False
+        if isinstance(value, bool) or value is None:
+            return True
+        if isinstance(value, (int, float)):
+            return _number_keywords_hold(_decimal(value), schema, path)
+        size = len(value)
+        low, high = ("minItems", "maxItems") if isinstance(value, list) else ("minProperties", "maxProperties")
+        if size < _count(schema, low, path) or size > (_count(schema, high, path, None) or size):
+            return False
+        return isinstance(value, list) or all(name in value for name in schema.get("required", []))
 
     def typed(self, kind: str, schema: dict, path: str):
         if kind == "string":
@@ -441,8 +483,8 @@ class _Compiler:
     # ---- strings ---------------------------------------------------------------------
 
     def string(self, schema: dict, path: str) -> Ref:
-        dfa_key = json.dumps({k: schema.get(k) for k in ("minLength", "maxLength", "pattern", "format")},
-                             sort_keys=True)
+        dfa_key = json.dumps({k: schema.get(k) for k in ("minLength", "maxLength", "pattern", "format")}
+                             | {"excluded": schema.get(EXCLUDED_STRINGS)}, sort_keys=True)
         return self.terminal("string", dfa_key, lambda: self.string_dfa(schema, path))
 
     def string_dfa(self, schema: dict, path: str):
@@ -458,10 +500,19 @@ class _Compiler:
         if isinstance(fmt, str) and fmt in FORMATS:
             contents.append(parse(FORMATS[fmt]))
         dfas += [byte_dfa(Concat((QUOTE, content, QUOTE)), self.budget) for content in contents]
+        dfas += [complement(self.string_set_dfa(excluded, path)) for excluded in schema.get(EXCLUDED_STRINGS, [])]
         dfa = dfas[0]
         for part in dfas[1:]:
             dfa = intersect(dfa, part, self.budget)
         return dfa
+
+    def string_set_dfa(self, excluded: dict, path: str):
+        """The byte DFA of the strings one EXCLUDED_STRINGS entry stands for (quotes included)."""
+        if "enum" in excluded:
+            return byte_dfa(Alternate(tuple(value_literal(v) for v in excluded["enum"])), self.budget)
+        if "pattern" in excluded:
+            return pattern_dfa(excluded["pattern"], f"{path}.not.pattern")
+        return byte_dfa(Concat((QUOTE, parse(FORMATS[excluded["format"]]), QUOTE)), self.budget)
 
     # ---- numbers ---------------------------------------------------------------------
 
@@ -476,11 +527,18 @@ class _Compiler:
         if lo is not None and hi is not None and lo > hi:
             raise Unsatisfiable(f"no integer lies within the bounds at {path}")
         step = multiple_of(schema, path)
-        if step is None:
+        excluded = schema.get(EXCLUDED_NUMBERS, [])
+        if step is None and not excluded:
             return INTEGER if lo is None and hi is None else parse(integer_range_regex(lo, hi))
-        digits = byte_dfa(parse(integer_range_regex(lo, hi)) if lo is not None or hi is not None else INTEGER)
-        return self.terminal("integer", json.dumps([lo, hi, step]),
-                             lambda: intersect(digits, multiple_of_dfa(*step, fraction=False), self.budget))
+
+        def make():
+            dfa = byte_dfa(parse(integer_range_regex(lo, hi)) if lo is not None or hi is not None else INTEGER)
+            if step is not None:
+                dfa = intersect(dfa, multiple_of_dfa(*step, fraction=False), self.budget)
+            for entry in excluded:
+                dfa = intersect(dfa, complement(self.number_set_dfa(entry, path)), self.budget)
+            return dfa
+        return self.terminal("integer", json.dumps([lo, hi, step, excluded]), make)
 
     def number(self, schema: dict, path: str):
         bounds = []
@@ -491,17 +549,28 @@ class _Compiler:
                 bounds.append(number_bound_regex(Decimal(repr(value)) if isinstance(value, float) else Decimal(value),
                                                  strict, lower))
         step = multiple_of(schema, path)
-        if not bounds and step is None:
+        excluded = schema.get(EXCLUDED_NUMBERS, [])
+        if not bounds and step is None and not excluded:
             return NUMBER
 
         def make():
-            parts = [byte_dfa(parse(b), self.budget) for b in bounds]
+            parts = [byte_dfa(parse(b), self.budget) for b in bounds] or [byte_dfa(PLAIN_NUMBER)]
             parts += [multiple_of_dfa(*step, fraction=True)] if step is not None else []
+            parts += [complement(self.number_set_dfa(entry, path)) for entry in excluded]
             dfa = parts[0]
             for part in parts[1:]:
                 dfa = intersect(dfa, part, self.budget)
             return dfa
-        return self.terminal("number", json.dumps([bounds, step]), make)
+        return self.terminal("number", json.dumps([bounds, step, excluded]), make)
+
+    def number_set_dfa(self, excluded: dict, path: str):
+        """The byte DFA of every spelling without exponent of the numbers one EXCLUDED_NUMBERS
+        entry stands for (1, 1.0, 1.00 ... and -0 for 0)."""
+        if "enum" in excluded:
+            return byte_dfa(Alternate(tuple(parse(number_spellings(v)) for v in excluded["enum"])), self.budget)
+        if "multipleOf" in excluded:
+            return multiple_of_dfa(*multiple_of(excluded, f"{path}.not"), fraction=True)
+        return byte_dfa(INTEGRAL, self.budget)
 
     # ---- arrays ----------------------------------------------------------------------
 
@@ -609,15 +678,31 @@ class _Compiler:
             return _nothing()
         if not isinstance(names, dict):
             raise SchemaError(f"propertyNames at {path} must be a schema")
+        if unknown := [k for k in names if k in ("oneOf", "$ref")]:
+            raise SchemaError(f"{unknown[0]} inside propertyNames at {path} is not supported")
+        names = self.merge_all_of(self.desugar(names, path), path)
+        if "anyOf" in names:   # e.g. a negation: of its options, only those that admit strings matter
+            rest = {k: v for k, v in names.items() if k != "anyOf"}
+            options = []
+            for option in names["anyOf"]:
+                try:
+                    options.append(_merge(rest, {} if option is True else option, path))
+                except Unsatisfiable:
+                    continue
+            options = [o for o in options if o is not False and _may_be_string(o)]
+            if len(options) > 1:
+                raise SchemaError(f"anyOf inside propertyNames at {path} is not supported (with more than one "
+                                  f"option for strings)")
+            names = options[0] if options else {"type": "null"}
+        if not _may_be_string(names):
+            return _nothing()
         if "enum" in names or "const" in names:
             values = [names["const"]] if "const" in names else names["enum"]
-            keys = [v for v in values if isinstance(v, str)]
+            keys = [v for v in values if isinstance(v, str) and self.value_keywords_hold(v, names, path)]
             if not keys:
                 return _nothing()
             return byte_dfa(Alternate(tuple(value_literal(k) for k in keys)))
-        known = {"type", "minLength", "maxLength", "pattern", "format"}
-        if unknown := [k for k in names if k in ("anyOf", "oneOf", "allOf", "$ref")]:
-            raise SchemaError(f"{unknown[0]} inside propertyNames at {path} is not supported")
+        known = {"minLength", "maxLength", "pattern", "format", EXCLUDED_STRINGS}
         return self.string_dfa({k: v for k, v in names.items() if k in known}, path)
 
     def additional_pairs(self, declared, patterns, extra, name_dfa, path):
@@ -720,6 +805,13 @@ def _find_anchor(schema, name: str):
         if (found := _find_anchor(child, name)) is not None:
             return found
     return None
+
+
+def _may_be_string(schema: dict) -> bool:
+    """Whether the type and enum/const of `schema` leave room for a string."""
+    types = schema.get("type", "string")
+    values = [schema["const"]] if "const" in schema else schema.get("enum", [""])
+    return "string" in ([types] if isinstance(types, str) else types) and any(isinstance(v, str) for v in values)
 
 
 def _has_none(node) -> bool:
@@ -944,6 +1036,8 @@ def _merge(a: dict, b: dict, path: str) -> dict:
             out[key] = [{"allOf": [x, y]} for x in mine for y in value]
         elif key in ("additionalProperties", "contains", "propertyNames", "items"):
             out[key] = _both(mine, value)
+        elif key in (EXCLUDED_STRINGS, EXCLUDED_NUMBERS):
+            out[key] = [*mine, *(v for v in value if v not in mine)]
         else:
             raise SchemaError(f"allOf at {path}: {key!r} differs between the schemas and cannot be merged")
     return out
@@ -1028,16 +1122,6 @@ def _count(schema: dict, key: str, path: str, default: int | None = 0) -> int | 
     return value
 
 
-def _draft4_bounds(schema: dict) -> dict:
-    """Draft-04's boolean exclusiveMinimum/Maximum (true: minimum/maximum is exclusive) in 2020-12 terms."""
-    out = dict(schema)
-    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if isinstance(out.get(flag), bool):
-            if out.pop(flag) and bound in out:
-                out[flag] = out.pop(bound)
-    return out
-
-
 def _bound(schema: dict, key: str, path: str):
     """A numeric bound (None when absent)."""
     value = schema.get(key)
@@ -1048,6 +1132,37 @@ def _bound(schema: dict, key: str, path: str):
     if abs(value) >= MAX_BOUND:  # the digit-by-digit range automaton grows with the digits
         raise SchemaError(f"{key} at {path} is {value!r}: bounds below {MAX_BOUND:g} in magnitude are supported")
     return value
+
+
+def _decimal(value) -> Decimal:
+    """A JSON number as the decimal it is written as (a float by its shortest repr)."""
+    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+
+
+def _number_keywords_hold(x: Decimal, schema: dict, path: str) -> bool:
+    """Whether the number x satisfies schema's bounds, multipleOf and EXCLUDED_NUMBERS."""
+    checks = {"minimum": lambda b: x >= b, "maximum": lambda b: x <= b,
+              "exclusiveMinimum": lambda b: x > b, "exclusiveMaximum": lambda b: x < b}
+    for key, holds in checks.items():
+        if (bound := _bound(schema, key, path)) is not None and not holds(_decimal(bound)):
+            return False
+    if multiple_of(schema, path) is not None and Fraction(x) % Fraction(_decimal(schema["multipleOf"])) != 0:
+        return False
+    for entry in schema.get(EXCLUDED_NUMBERS, []):
+        if "enum" in entry and any(x == _decimal(v) for v in entry["enum"]) or \
+                multiple_of(entry, path) is not None and Fraction(x) % Fraction(_decimal(entry["multipleOf"])) == 0 or \
+                entry.get("type") == "integer" and x == x.to_integral_value():
+            return False
+    return True
+
+
+def number_spellings(value) -> str:
+    """A regex of every spelling without exponent of the number `value`: trailing zeros after the
+    point, and "-0" for zero."""
+    exact = _decimal(value)
+    whole, fraction = _digits(abs(exact))
+    sign = "-?" if exact == 0 else "-" if exact < 0 else ""
+    return f"{sign}{whole}" + (rf"\.{fraction}0*" if fraction else r"(?:\.0+)?")
 
 
 def _is_type(value, kind: str) -> bool:

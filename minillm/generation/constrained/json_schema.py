@@ -56,6 +56,16 @@ class SchemaError(ValueError):
     """The schema uses something outside the supported subset, or is malformed."""
 
 
+def draft4_bounds(schema: dict) -> dict:
+    """Draft-04's boolean exclusiveMinimum/Maximum (true: minimum/maximum is exclusive) in 2020-12 terms."""
+    out = dict(schema)
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), bool):
+            if out.pop(flag) and bound in out:
+                out[flag] = out.pop(bound)
+    return out
+
+
 def schema_to_regex(schema: dict | bool | str, budget: CompileBudget | None = None) -> str:
     """The regex whose matches are exactly the JSON texts (in the layout above) of `schema`'s instances,
     written within `budget` (``ConstraintTooLarge`` past it)."""
