@@ -48,10 +48,12 @@ import numpy as np
 
 from minillm.generation.constrained.automata import DFA
 from minillm.generation.constrained.budget import CompileBudget
-from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa
-from minillm.generation.constrained.grammar import Grammar, Ref, Terminal
-from minillm.generation.constrained.json_schema import MAX_BOUND, SchemaError, draft4_bounds, integer_range_regex
+from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa, union
+from minillm.generation.constrained.grammar import Grammar, Ref, Terminal, UniqueItems
+from minillm.generation.constrained.json_schema import (MAX_BOUND, SchemaError, decimal_digits, draft4_bounds,
+                                                       integer_range_regex, number_spellings)
 from minillm.generation.constrained.negation import EXCLUDED_NUMBERS, EXCLUDED_STRINGS, Negator, all_of, any_of
+from minillm.generation.constrained.unique_items import distinct_values
 from minillm.generation.constrained.regex import (EMPTY, MAX_CODE_POINT, MAX_REPEAT, Alternate, Chars, Concat, Repeat,
                                                   RegexError, literal, normalize, parse)
 
@@ -106,6 +108,7 @@ QUOTE = literal('"')
 INTEGER = parse(r"-?(?:0|[1-9][0-9]*)")
 NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 PLAIN_NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")        # no exponent
+EXPONENT_NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?[eE][+-]?[0-9]+")   # kept out of uniqueItems arrays
 INTEGRAL = parse(r"-?(?:0|[1-9][0-9]*)(?:\.0+)?")                # the integers among PLAIN_NUMBER
 
 _H16 = "[0-9a-fA-F]{1,4}"
@@ -150,13 +153,6 @@ FORMATS = {
 # ---- numbers with bounds: regexes over "-?I(.F)?" -------------------------------------------
 
 
-def _digits(value: Decimal) -> tuple[int, str]:
-    """A non-negative decimal as (integer part, fraction digits without trailing zeros)."""
-    whole = int(value)
-    fraction = format(value - whole, "f")[2:].rstrip("0") if value != whole else ""
-    return whole, fraction
-
-
 def _fraction_at_least(d: str, strict: bool) -> str:
     """The optional '.F' of numbers whose fraction 0.F >= 0.d (> when strict); d has no trailing zeros."""
     options = [f"{d[:i]}[{int(c) + 1}-9][0-9]*" for i, c in enumerate(d) if c != "9"]
@@ -173,14 +169,14 @@ def _fraction_at_most(d: str, strict: bool) -> str:
 
 
 def magnitude_at_least(a: Decimal, strict: bool) -> str:
-    whole, frac = _digits(a)
+    whole, frac = decimal_digits(a)
     same = f"{whole}{_fraction_at_least(frac, strict)}"
     above = integer_range_regex(whole + 1, None) + r"(?:\.[0-9]+)?"
     return f"(?:{same}|{above})"
 
 
 def magnitude_at_most(b: Decimal, strict: bool) -> str | None:
-    whole, frac = _digits(b)
+    whole, frac = decimal_digits(b)
     options = [integer_range_regex(0, whole - 1) + r"(?:\.[0-9]+)?"] if whole >= 1 else []
     if frac or not strict:
         options.append(f"{whole}{_fraction_at_most(frac, strict)}")
@@ -240,6 +236,7 @@ class _Compiler:
         self.grammar = Grammar("root")
         self.shared: dict[object, str] = {}      # body -> rule name: equal bodies share one rule
         self.refs: dict[str, str] = {}           # JSON pointer -> the rule of its target
+        self.merging: list[str] = []             # the $refs an allOf merge is inside: met again, it would never end
         self.negator = Negator(self.resolve, ref_overrides, set(FORMATS))
 
     def rule(self, hint: str, body) -> Ref:
@@ -406,12 +403,19 @@ class _Compiler:
                 raise SchemaError(f"the schema at {where} must be an object or a boolean")
             if "$ref" in part and self.ref_overrides:
                 part = {"$ref": part["$ref"]}
-            if "$ref" in part:
-                target = self.resolve(part["$ref"], where)
-                if target is schema or (isinstance(target, dict) and "allOf" in target and schema in target["allOf"]):
+            ref = part.get("$ref")
+            if ref is not None:
+                target = self.resolve(ref, where)
+                if target is schema or ref in self.merging or \
+                        (isinstance(target, dict) and "allOf" in target and schema in target["allOf"]):
                     raise SchemaError(f"allOf at {where} refers back to itself")
                 part = {"allOf": [target, {k: v for k, v in part.items() if k != "$ref"}]}
-            part = self.merge_all_of(self.desugar(part, where), where)
+                self.merging.append(ref)
+            try:
+                part = self.merge_all_of(self.desugar(part, where), where)
+            finally:
+                if ref is not None:
+                    self.merging.pop()
             merged = _merge(merged, part, where)
         return merged
 
@@ -579,7 +583,7 @@ class _Compiler:
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxItems < minItems at {path}: no array is valid")
         if schema.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise SchemaError(f"uniqueItems at {path} is not supported: a grammar cannot compare items")
+            return self.unique_array(schema, lo, hi, path)
         prefix = schema.get("prefixItems", [])
         items = schema.get("items", True)
         rest = items
@@ -606,6 +610,49 @@ class _Compiler:
             return self.array_containing(schema, prefix, rest, lo, hi, path)
         body = _sequence(elements, rest_node, lo, hi)
         return self.rule("array", Concat((literal("["), body, literal("]"))))
+
+    def unique_array(self, schema: dict, lo: int, hi: int | None, path: str):
+        """An array whose items must be distinct: the grammar of an array of scalar items, marked for
+        the run-time check (unique_items.py). Items that may be arrays or objects are refused."""
+        if any(k in schema for k in ("prefixItems", "contains")) or isinstance(schema.get("items"), list):
+            raise SchemaError(f"uniqueItems at {path} is not supported beside prefixItems, an items array or "
+                              f"contains")
+        try:
+            node = self.node(schema.get("items", True), f"{path}.items")
+        except Unsatisfiable:   # no item is valid: only the empty array
+            if lo:
+                raise
+            return literal("[]")
+        item = intersect(self.flat_dfa(node, path), complement(byte_dfa(EXPONENT_NUMBER)), self.budget)
+        if not item.accepting.any() or not distinct_values(item, lo):
+            raise Unsatisfiable(f"the items at {path} have fewer than minItems = {lo} distinct values")
+        item_rule = self.terminal("unique_item", f"{path}/{node!r}", lambda: item)
+        array = self.rule("unique_array", Concat((literal("["), _sequence([], item_rule, lo, hi), literal("]"))))
+        self.grammar.unique[array.name] = UniqueItems(item, lo)
+        return array
+
+    def flat_dfa(self, node, path: str, seen: tuple[str, ...] = ()):
+        """The byte DFA of an item node whose language is regular and holds no array or object."""
+        refused = SchemaError(f"uniqueItems at {path} is not supported for items that may be arrays or objects "
+                              f"(only strings, numbers, booleans and null are compared at run time)")
+        if isinstance(node, Ref):
+            body = self.grammar.rules[node.name]
+            if isinstance(body, Terminal):
+                return body.dfa
+            if node.name in seen or body is None:   # recursive: a structure
+                raise refused
+            return self.flat_dfa(body, path, (*seen, node.name))
+        if isinstance(node, Alternate):
+            dfa = self.flat_dfa(node.options[0], path, seen)
+            for option in node.options[1:]:
+                dfa = union(dfa, self.flat_dfa(option, path, seen), self.budget)
+            return dfa
+        if _has_ref(node):
+            raise refused
+        dfa = byte_dfa(node, self.budget)
+        if (dfa.byte_table()[0, [ord("["), ord("{")]] >= 0).any():   # e.g. an enum value that is an array
+            raise refused
+        return dfa
 
     def element(self, schema, path: str) -> Ref:
         node = self.node(schema, path)
@@ -812,6 +859,16 @@ def _may_be_string(schema: dict) -> bool:
     types = schema.get("type", "string")
     values = [schema["const"]] if "const" in schema else schema.get("enum", [""])
     return "string" in ([types] if isinstance(types, str) else types) and any(isinstance(v, str) for v in values)
+
+
+def _has_ref(node) -> bool:
+    if isinstance(node, Ref):
+        return True
+    if isinstance(node, Concat):
+        return any(_has_ref(p) for p in node.parts)
+    if isinstance(node, Alternate):
+        return any(_has_ref(o) for o in node.options)
+    return isinstance(node, Repeat) and _has_ref(node.node)
 
 
 def _has_none(node) -> bool:
@@ -1028,13 +1085,16 @@ def _merge(a: dict, b: dict, path: str) -> dict:
             out[key] = min(mine, value)
         elif key == "enum":
             out[key] = [v for v in mine if any(_json_equal(v, w) for w in value)]
+        elif key == "const":
+            if not _json_equal(mine, value):
+                raise Unsatisfiable(f"allOf at {path}: the consts {mine!r} and {value!r} differ")
         elif key == "multipleOf":
             x, y = Fraction(str(mine)), Fraction(str(value))
             step = Fraction(math.lcm(x.numerator, y.numerator), math.gcd(x.denominator, y.denominator))
             out[key] = int(step) if step.denominator == 1 else float(step)
         elif key in ("anyOf", "oneOf"):
             out[key] = [{"allOf": [x, y]} for x in mine for y in value]
-        elif key in ("additionalProperties", "contains", "propertyNames", "items"):
+        elif key in ("additionalProperties", "propertyNames", "items"):   # not contains: two contains are not one
             out[key] = _both(mine, value)
         elif key in (EXCLUDED_STRINGS, EXCLUDED_NUMBERS):
             out[key] = [*mine, *(v for v in value if v not in mine)]
@@ -1154,15 +1214,6 @@ def _number_keywords_hold(x: Decimal, schema: dict, path: str) -> bool:
                 entry.get("type") == "integer" and x == x.to_integral_value():
             return False
     return True
-
-
-def number_spellings(value) -> str:
-    """A regex of every spelling without exponent of the number `value`: trailing zeros after the
-    point, and "-0" for zero."""
-    exact = _decimal(value)
-    whole, fraction = _digits(abs(exact))
-    sign = "-?" if exact == 0 else "-" if exact < 0 else ""
-    return f"{sign}{whole}" + (rf"\.{fraction}0*" if fraction else r"(?:\.0+)?")
 
 
 def _is_type(value, kind: str) -> bool:

@@ -279,5 +279,10 @@ def _list(value, path: str) -> list:
 
 def _trivial(key: str, value) -> bool:
     """A keyword that rejects nothing, so its negation adds nothing."""
-    return value is True or value == {} or (key == "uniqueItems" and value is False) or \
-        (key == "prefixItems" and value == []) or (key in ("dependentRequired", "dependentSchemas") and value == {})
+    if key == "uniqueItems":
+        return value is False
+    if key == "prefixItems":
+        return value == []
+    if key in ("patternProperties", "dependentRequired", "dependentSchemas", "dependencies"):
+        return value == {}
+    return value is True or value == {}   # a schema that accepts everything
