@@ -15,19 +15,32 @@ Exact (the grammar accepts exactly the valid instances, in the layout below):
     maxItems), integer minimum/maximum/exclusive* and multipleOf, number minimum/maximum/exclusive*
     and decimal multipleOf (written without an exponent), string minLength/maxLength/pattern
     (unanchored, as JSON Schema means it), formats date, uuid, ipv4, ipv6, uri (RFC 3986 without
-    IPvFuture)
+    IPvFuture);
+    not, and if/then/else as anyOf(allOf(if, then), allOf(not if, else)), wherever the negated
+    schema is made of what negation.py can complement: type, enum/const of scalars, the counts and
+    bounds of strings, numbers, arrays and objects, pattern, format, multipleOf, required,
+    properties, items, contains, and allOf/anyOf/oneOf/not/if/$ref of those;
+    uniqueItems (maxItems > 1) over scalar items - strings, numbers, booleans, null, enums of those
+    - checked at run time beside the grammar (unique_items.py: values compared, 1 == 1.0);
+    enum/const beside string and number keywords and array/object counts (each value is checked)
 Superset (valid instances always accepted, some invalid ones too):
-    oneOf (compiled as anyOf: an instance matching two options is not refused),
-    enum/const beside other keywords (the values are filtered by type only)
+    oneOf (compiled as anyOf: an instance matching two options is not refused; under not it is
+    exact), an enum/const value that is an array or an object beside items/properties-like
+    keywords (only its type, counts and required names are checked)
 Subset (everything generated is valid; some valid spellings are not produced):
-    integers are written without a fraction ("1.0" is not produced); bounded numbers and
-    multipleOf without an exponent; formats time and date-time without leap seconds, email as
+    integers are written without a fraction ("1.0" is not produced); bounded numbers, multipleOf,
+    numbers under a negated keyword (not minimum, not enum ...) and the items of uniqueItems
+    arrays without an exponent; formats time and date-time without leap seconds, email as
     local@domain only; dates from year 0001 (Python's, which validators use)
-Refused: not, if/then/else, dependentRequired/dependentSchemas/dependencies, unevaluated*,
-    uniqueItems (unless maxItems <= 1), minContains > 1 / maxContains, contains beside other
-    counts, multipleOf whose automaton would pass 20,000 states, $ref outside this document,
-    $dynamicRef, \p{...} in patterns. A schema with no valid instance is refused as
-    ``Unsatisfiable``; an unsatisfiable option, property or item is left out instead.
+Refused: dependentRequired/dependentSchemas/dependencies, unevaluated*, minContains > 1 /
+    maxContains, contains beside other counts, multipleOf whose automaton would pass 20,000
+    states, $ref outside this document, $dynamicRef, \p{...} in patterns; not (or an if with then
+    or else) whose negation needs additionalProperties, patternProperties, propertyNames,
+    prefixItems, uniqueItems, min/maxContains, an enum value that is an array or an object, or a
+    $ref back into the negated schema; uniqueItems over items that may be arrays or objects, or
+    beside prefixItems/contains; allOf branches whose pattern, format or contains differ. A schema
+    with no valid instance is refused as ``Unsatisfiable``; an unsatisfiable option, property or
+    item is left out instead.
 
 Layout: an instance is one line of JSON. Properties come in the schema's ``properties`` order,
 then any others; after ``,`` and ``:`` one optional space (json.dumps' default and compact
