@@ -133,16 +133,16 @@ def test_hand_picked_negations(schema, instances):
 
 
 @pytest.mark.parametrize("schema, message", [
-    ({"not": {"additionalProperties": False}}, "not at $.not is not supported: additionalProperties at "
+    ({"not": {"additionalProperties": False}}, "not at $ is not supported: additionalProperties at "
                                                "$.not.additionalProperties cannot be negated"),
     ({"not": {"patternProperties": {"^a": {}}}}, "patternProperties at $.not.patternProperties"),
-    ({"properties": {"p": {"not": {"uniqueItems": True}}}}, "not at $.properties.p.not is not supported: uniqueItems"),
+    ({"properties": {"p": {"not": {"uniqueItems": True}}}}, "not at $.properties.p is not supported: uniqueItems"),
     ({"not": {"prefixItems": [{"type": "string"}]}}, "prefixItems at $.not.prefixItems"),
-    ({"not": {"enum": [[1]]}}, "not at $.not is not supported: $.not.enum holds an array or an object"),
+    ({"not": {"enum": [[1]]}}, "not at $ is not supported: $.not.enum holds an array or an object"),
     ({"if": {"propertyNames": {"maxLength": 2}}, "then": {"required": ["a"]}},
-     "if at $.if is not supported: propertyNames at $.if.propertyNames"),
+     "if at $ is not supported: propertyNames at $.if.propertyNames"),
     ({"$defs": {"n": {"properties": {"a": {"$ref": "#/$defs/n"}}}}, "not": {"$ref": "#/$defs/n"}},
-     "not at $.not is not supported: $ref '#/$defs/n' at #/$defs/n.properties.a.$ref leads back"),
+     "not at $ is not supported: $ref '#/$defs/n' at #/$defs/n.properties.a.$ref leads back"),
     ({"$defs": {"n": {"not": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}, "refers back to itself"),   # n = not n
 ])
 def test_what_cannot_be_negated_is_refused_by_name(schema, message):

@@ -388,11 +388,11 @@ class _Compiler:
             return schema
         parts = [{k: v for k, v in schema.items() if k not in ("not", "if", "then", "else")}]
         if "not" in schema:
-            parts.append(self.negator.negate(schema["not"], f"{path}.not"))
+            parts.append(self.negator.negate(schema["not"], path))
         if "if" in schema and (schema.get("then", True) is not True or schema.get("else", True) is not True):
             condition = schema["if"]
             parts.append(any_of([all_of([condition, schema.get("then", True)]),
-                                 all_of([self.negator.negate(condition, f"{path}.if", "if"), schema.get("else", True)])]))
+                                 all_of([self.negator.negate(condition, path, "if"), schema.get("else", True)])]))
         merged = all_of(parts)
         if merged is False:
             raise Unsatisfiable(f"the schema at {path} has no valid instance")

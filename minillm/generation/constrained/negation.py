@@ -100,10 +100,10 @@ class Negator:
         self.open_refs: list[str] = []   # the $refs being negated: meeting one again would never end
 
     def negate(self, schema, path: str, keyword: str = "not"):
-        """The schema of the instances `schema` rejects; SchemaError naming `keyword` (the ``not`` or
-        ``if`` asking) and the part that cannot be negated."""
+        """The schema of the instances `schema` rejects - the value of `keyword` (``not`` or ``if``) in
+        the schema at `path`; SchemaError naming the keyword and the part that cannot be negated."""
         try:
-            return self._negate(schema, path)
+            return self._negate(schema, f"{path}.{keyword}")
         except _Refusal as e:
             raise SchemaError(f"{keyword} at {path} is not supported: {e}") from None
 
