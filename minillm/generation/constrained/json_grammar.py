@@ -249,6 +249,9 @@ class _Compiler:
         self.grammar = Grammar("root")
         self.shared: dict[object, str] = {}      # body -> rule name: equal bodies share one rule
         self.refs: dict[str, str] = {}           # JSON pointer -> the rule of its target
+        self.key_sets: dict[str, list] = {}      # additional_pairs' key -> split_keys' answer
+        self.string_dfas: dict[str, DFA] = {}    # _string_key -> string_dfa's answer
+        self.unique_items: dict[object, DFA] = {}   # a uniqueItems array's item node -> its item DFA
         self.merging: list[str] = []             # the $refs an allOf merge is inside: met again, it would never end
         self.negator = Negator(self.resolve, ref_overrides, set(FORMATS))
 
@@ -500,12 +503,17 @@ class _Compiler:
     # ---- strings ---------------------------------------------------------------------
 
     def string(self, schema: dict, path: str) -> Ref:
-        dfa_key = json.dumps({k: schema.get(k) for k in ("minLength", "maxLength", "pattern", "format")}
-                             | {"excluded": schema.get(EXCLUDED_STRINGS)}, sort_keys=True)
-        return self.terminal("string", dfa_key, lambda: self.string_dfa(schema, path))
+        return self.terminal("string", _string_key(schema), lambda: self.string_dfa(schema, path))
 
     def string_dfa(self, schema: dict, path: str):
-        """The byte DFA of the JSON spelling (quotes included) of the strings `schema` allows."""
+        """The byte DFA of the JSON spelling (quotes included) of the strings `schema` allows (built
+        once per set of string keywords: an enum checks each of its values against it)."""
+        key = _string_key(schema)
+        if key not in self.string_dfas:
+            self.string_dfas[key] = self.build_string_dfa(schema, path)
+        return self.string_dfas[key]
+
+    def build_string_dfa(self, schema: dict, path: str):
         lo, hi = _count(schema, "minLength", path), _count(schema, "maxLength", path, None)
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxLength < minLength at {path}: no string is valid")
@@ -636,10 +644,15 @@ class _Compiler:
             if lo:
                 raise
             return literal("[]")
-        item = intersect(self.flat_dfa(node, path), complement(byte_dfa(EXPONENT_NUMBER)), self.budget)
+        if node not in self.unique_items:   # the same items in several branches (if/then, anyOf): built once
+            item = self.flat_dfa(node, path)
+            if (item.byte_table()[0, [ord("-"), *range(ord("0"), ord("9") + 1)]] >= 0).any():   # numbers: no exponent
+                item = intersect(item, _no_exponent(), self.budget)
+            self.unique_items[node] = item
+        item = self.unique_items[node]
         if not item.accepting.any() or not distinct_values(item, lo):
             raise Unsatisfiable(f"the items at {path} have fewer than minItems = {lo} distinct values")
-        item_rule = self.terminal("unique_item", f"{path}/{node!r}", lambda: item)
+        item_rule = self.terminal("unique_item", repr(node), lambda: item)
         array = self.rule("unique_array", Concat((literal("["), _sequence([], item_rule, lo, hi), literal("]"))))
         self.grammar.unique[array.name] = UniqueItems(item, lo)
         return array
@@ -648,6 +661,11 @@ class _Compiler:
         """The byte DFA of an item node whose language is regular and holds no array or object."""
         refused = SchemaError(f"uniqueItems at {path} is not supported for items that may be arrays or objects "
                               f"(only strings, numbers, booleans and null are compared at run time)")
+        if not _has_ref(node):
+            dfa = byte_dfa(node, self.budget)
+            if (dfa.byte_table()[0, [ord("["), ord("{")]] >= 0).any():   # e.g. an enum value that is an array
+                raise refused
+            return dfa
         if isinstance(node, Ref):
             body = self.grammar.rules[node.name]
             if isinstance(body, Terminal):
@@ -655,16 +673,11 @@ class _Compiler:
             if node.name in seen or body is None:   # recursive: a structure
                 raise refused
             return self.flat_dfa(body, path, (*seen, node.name))
-        if isinstance(node, Alternate):
-            dfa = self.flat_dfa(node.options[0], path, seen)
-            for option in node.options[1:]:
-                dfa = union(dfa, self.flat_dfa(option, path, seen), self.budget)
-            return dfa
-        if _has_ref(node):
+        if not isinstance(node, Alternate):   # a sequence around a reference: an array or an object
             raise refused
-        dfa = byte_dfa(node, self.budget)
-        if (dfa.byte_table()[0, [ord("["), ord("{")]] >= 0).any():   # e.g. an enum value that is an array
-            raise refused
+        dfa = self.flat_dfa(node.options[0], path, seen)
+        for option in node.options[1:]:
+            dfa = union(dfa, self.flat_dfa(option, path, seen), self.budget)
         return dfa
 
     def element(self, schema, path: str) -> Ref:
@@ -773,35 +786,45 @@ class _Compiler:
         they match: one key language per set (the intersection of those patterns and the
         complements of the others), the sets whose language is empty pruned as they are found."""
         key = json.dumps([declared, list(patterns), name_dfa is None])
+        items = list(patterns.items())
+        if key not in self.key_sets:   # the same object in several branches (if/then, anyOf) splits once
+            self.key_sets[key] = self.split_keys(declared, [p for p, _ in items], name_dfa, path)
+        options = []
+        for matched, keys in self.key_sets[key]:
+            value = extra if not matched else _both_all([items[k][1] for k in matched])
+            where = f"{path}.additionalProperties" if not matched else f"{path}.patternProperties"
+            try:
+                element = self.element(value, where)
+            except Unsatisfiable:   # keys of this set cannot appear (e.g. false, or types that clash)
+                continue
+            options.append(Concat((self.terminal("key", f"{key}/{matched}", lambda keys=keys: keys), KEY_SEP, element)))
+        if not options:
+            return None
+        return self.rule("pair", options[0] if len(options) == 1 else Alternate(tuple(options)))
+
+    def split_keys(self, declared, patterns, name_dfa, path) -> list[tuple[tuple[int, ...], DFA]]:
+        """The keys outside `declared` split by the set of patterns they match: (the indexes of
+        the patterns matched, the byte DFA of those keys) for each set with some key."""
         base = byte_dfa(Concat((QUOTE, Repeat(STRING_CHAR, 0, None), QUOTE)))
         if declared:
             base = intersect(base, complement(byte_dfa(Alternate(tuple(value_literal(n) for n in declared)))))
         if name_dfa is not None:
             base = intersect(base, name_dfa)
-        items = list(patterns.items())
-        dfas = [pattern_dfa(p, f"{path}.patternProperties") for p, _ in items]
-        options = []
+        dfas = [pattern_dfa(p, f"{path}.patternProperties") for p in patterns]
+        out = []
 
         def split(i: int, keys, matched: tuple[int, ...]):
             self.budget.check_time()
             if not keys.accepting.any():
                 return
-            if i == len(items):
-                value = extra if not matched else _both_all([items[k][1] for k in matched])
-                where = f"{path}.additionalProperties" if not matched else f"{path}.patternProperties"
-                try:
-                    element = self.element(value, where)
-                except Unsatisfiable:   # keys of this set cannot appear (e.g. false, or types that clash)
-                    return
-                options.append(Concat((self.terminal("key", f"{key}/{matched}", lambda: keys), KEY_SEP, element)))
+            if i == len(dfas):
+                out.append((matched, keys))
                 return
             split(i + 1, intersect(keys, dfas[i], self.budget), (*matched, i))
             split(i + 1, intersect(keys, complement(dfas[i]), self.budget), matched)
 
         split(0, base, ())
-        if not options:
-            return None
-        return self.rule("pair", options[0] if len(options) == 1 else Alternate(tuple(options)))
+        return out
 
     def members(self, fields, additional, lo: int, hi: int | None, path: str):
         """The declared pairs in order (optional ones skippable), then any additional pairs, ","
@@ -874,6 +897,12 @@ def _may_be_string(schema: dict) -> bool:
     return "string" in ([types] if isinstance(types, str) else types) and any(isinstance(v, str) for v in values)
 
 
+def _string_key(schema: dict) -> str:
+    """The string keywords of `schema`, as a key: equal keys, equal string languages."""
+    return json.dumps({k: schema.get(k) for k in ("minLength", "maxLength", "pattern", "format")}
+                      | {"excluded": schema.get(EXCLUDED_STRINGS)}, sort_keys=True)
+
+
 def _has_ref(node) -> bool:
     if isinstance(node, Ref):
         return True
@@ -886,6 +915,12 @@ def _has_ref(node) -> bool:
 
 def _has_none(node) -> bool:
     return isinstance(node, Concat) and any(p is None for p in node.parts)
+
+
+@lru_cache(maxsize=1)
+def _no_exponent():
+    """Every byte string but a number written with an exponent."""
+    return complement(byte_dfa(EXPONENT_NUMBER))
 
 
 @lru_cache(maxsize=1)
