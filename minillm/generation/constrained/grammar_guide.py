@@ -18,7 +18,9 @@ parse stands (pushdown.py's closing lengths), and the index knows them after eac
 
 The closing text is one shortest completion (strings end, arrays and objects close, required
 properties get their shortest values; the items of a uniqueItems array stay distinct, which may
-make it longer than the grammar alone says: that surcharge is added to every token's cost). The margin keeps the closing a few tokens early: the check
+make it longer than the grammar alone says: inside such an array that surcharge is added to every
+token's cost; outside, the exact closing is walked out once the grammar's estimate comes within
+UNIQUE_SLACK bytes of the budget). The margin keeps the closing a few tokens early: the check
 counts bytes, the budget counts tokens, and a tokenized closing text may cut differently.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
 MAX_FORCED = 256     # bytes of one jump-forward
 CLOSING_MARGIN = 2   # close this many tokens early (the closing text may tokenize differently later)
+UNIQUE_SLACK = 32    # outside a uniqueItems array, the bytes by which its distinct items may lengthen a closing
 
 
 class GrammarGuide:
@@ -72,7 +75,7 @@ class GrammarGuide:
             if self.uniqueness is not None:
                 keep = self.uniqueness.keep(self.open_array, self.configs, ids, self.index.unique_vocabulary)
                 ids, costs = ids[keep], costs[keep]
-                if self.max_tokens is not None:
+                if self.max_tokens is not None and self.open_array is not None:
                     costs = costs + self._unique_surcharge()
             if self.max_tokens is None:
                 return ids
@@ -143,8 +146,9 @@ class GrammarGuide:
             return None
         left = self.max_tokens - self.num_tokens
         p = self.pushdown
-        cost = len(self._closing_text()) if self.uniqueness is not None else \
-            p.closing_cost(min(p.reading(self.configs), key=p.closing_cost))
+        cost = p.closing_cost(min(p.reading(self.configs), key=p.closing_cost))
+        if self.uniqueness is not None and (self.open_array is not None or cost + CLOSING_MARGIN + UNIQUE_SLACK >= left):
+            cost = len(self._closing_text())   # distinct items: walked out, only where it may matter
         if not force and cost + CLOSING_MARGIN < left:   # a token holds >= 1 byte: not yet
             return None
         tokens = self.tokenize_bytes(self._closing_text())

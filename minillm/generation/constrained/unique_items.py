@@ -262,7 +262,7 @@ class Uniqueness:
                 cheapest = min(p.reading(configs), key=p.closing_cost)
                 if p.closing_cost(cheapest) == 0:
                     return bytes(out)
-                data = p.closing_text(cheapest)
+                data, configs = p.closing_text(cheapest), {cheapest}   # its path alone: the others cost more
             for byte in data:   # stop where a uniqueItems array opens: it is finished by its own rule
                 configs = p.step(configs, byte)
                 opened = state is None
