@@ -72,7 +72,7 @@ def test_jump_forward_saves_forwards(llm):
 
 def test_bad_constraints_are_refused_by_name():
     with pytest.raises(ValueError, match="guided_json is not supported: not at \\$.properties.a is not supported"):
-        SamplingParams(guided_json={"type": "object", "properties": {"a": {"not": {"type": "string"}}}})
+        SamplingParams(guided_json={"type": "object", "properties": {"a": {"not": {"additionalProperties": False}}}})
     with pytest.raises(ValueError, match="guided_regex is not supported: .*lazy"):
         SamplingParams(guided_regex="a+?")
     with pytest.raises(ValueError, match="only one constraint"):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from minillm.generation.constrained.grammar_guide import CLOSING_MARGIN, JsonGrammar, json_pushdown
 from minillm.generation.constrained.json_grammar import schema_to_grammar
 from minillm.generation.constrained.pushdown import UNREACHABLE, Pushdown
+from minillm.generation.constrained.unique_items import Uniqueness
 from minillm.generation.sampling import SamplingParams
 
 # ---- numbers against Decimal --------------------------------------------------------------
@@ -119,7 +120,9 @@ def shortest_fits(llm, schema, max_tokens) -> bool:
     """The grammar's shortest instance validates (jsonschema), and fits in max_tokens with the
     closing margin to spare: only then can an answer cut at max_tokens be valid at all."""
     p = json_pushdown(JsonGrammar.of(schema))
-    shortest = p.closing_text(min(p.reading({(p.start, ())}), key=p.closing_cost)).decode()
+    start = {(p.start, ())}
+    shortest = (Uniqueness(p).closing_text(None, start) if p.unique else
+                p.closing_text(min(p.reading(start), key=p.closing_cost))).decode()
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(
         json.loads(shortest))
     return len(llm.tokenizer.encode(shortest, add_bos=False)) + CLOSING_MARGIN <= max_tokens
@@ -163,6 +166,33 @@ def test_an_answer_cut_by_max_tokens_still_validates(llm):
     assert len(free.token_ids) > 20            # this answer does not fit in 20 tokens by itself
     out = greedy_is_valid(llm, schema, 20)     # yet within 20 it parses and validates
     assert out.text != free.text
+
+
+CONDITIONAL = {"type": "object", "required": ["kind", "tags"], "properties": {
+    "kind": {"enum": ["list", "note"]},
+    "tags": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 2, "uniqueItems": True},
+    "size": {"type": "integer", "not": {"enum": [0, 1]}},
+    "note": {"type": "string", "not": {"pattern": "^$"}}},
+    "if": {"properties": {"kind": {"const": "list"}}}, "then": {"required": ["size"]},
+    "else": {"not": {"required": ["size"]}}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_tokens", [24, 32, 64, 200])
+def test_not_if_and_unique_items_generate_valid_json(llm, max_tokens):
+    """Greedy SmolLM2 under not, if/then/else and uniqueItems: valid whole or cut by max_tokens."""
+    assert shortest_fits(llm, CONDITIONAL, max_tokens)
+    greedy_is_valid(llm, CONDITIONAL, max_tokens)
+
+
+@pytest.mark.slow
+def test_greedy_repetition_is_turned_into_distinct_items(llm):
+    """Asked for the same word many times, the model would repeat it: the items come out distinct."""
+    schema = {"type": "array", "items": {"type": "string", "enum": ["yes", "no", "maybe"]}, "minItems": 3,
+              "uniqueItems": True}
+    prompt = llm.chat_prompt([{"role": "user", "content": 'Answer with a JSON list: write "yes" three times.'}])
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, guided_json=schema), use_tqdm=False)[0]
+    assert sorted(json.loads(out.text)) == ["maybe", "no", "yes"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

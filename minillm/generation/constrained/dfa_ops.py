@@ -5,6 +5,7 @@ that is none of the declared property names).
     byte_dfa(tree)           the minimal byte DFA of a code-point syntax tree
     intersect(a, b)          the product automaton: accepts what both accept
     complement(a)            accepts every byte string `a` rejects
+    union(a, b)              accepts what either accepts (De Morgan over the two above)
 """
 from __future__ import annotations
 
@@ -58,3 +59,8 @@ def complement(a: DFA) -> DFA:
     sink = table.shape[0]
     full = np.vstack([np.where(table >= 0, table, sink), np.full((1, 256), sink)])
     return table_dfa(full, np.append(~a.accepting, True))
+
+
+def union(a: DFA, b: DFA, budget: CompileBudget | None = None) -> DFA:
+    """Every byte string `a` or `b` accepts."""
+    return complement(intersect(complement(a), complement(b), budget))

@@ -13,6 +13,10 @@ references are the part a DFA cannot do. pushdown.py runs those DFAs with a stac
 
 A rule may also be given directly as a byte DFA without references (``Terminal``), for a language
 built by other means (the intersection of two DFAs, the residues of a ``multipleOf``).
+
+``Grammar.unique`` names the rules that are JSON arrays whose items must be distinct
+(``uniqueItems``): no context-free grammar can say that, so the rule holds the items' language and
+unique_items.py enforces the rest at run time.
 """
 from __future__ import annotations
 
@@ -41,10 +45,20 @@ class Terminal:
     key: str   # what the DFA stands for: equal keys, equal languages (rules are shared by key)
 
 
+@dataclass(frozen=True)
+class UniqueItems:
+    """What a rule "[" item ("," " "? item)* "]" leaves to the run time: its items, each a text of
+    the byte DFA `item` (scalars only: strings, numbers without exponent, true, false, null),
+    must be distinct values, and there are at least `min_items` of them."""
+    item: DFA = field(compare=False)
+    min_items: int
+
+
 @dataclass
 class Grammar:
     start: str
     rules: dict[str, object] = field(default_factory=dict)
+    unique: dict[str, UniqueItems] = field(default_factory=dict)   # rule name -> its uniqueItems
 
 
 def byte_tree(node, rule_number: dict[str, int]):

@@ -17,7 +17,10 @@ parse stands (pushdown.py's closing lengths), and the index knows them after eac
              and jump-forward writes the rest
 
 The closing text is one shortest completion (strings end, arrays and objects close, required
-properties get their shortest values). The margin keeps the closing a few tokens early: the check
+properties get their shortest values; the items of a uniqueItems array stay distinct, which may
+make it longer than the grammar alone says: inside such an array that surcharge is added to every
+token's cost; outside, the exact closing is walked out once the grammar's estimate comes within
+UNIQUE_SLACK bytes of the budget). The margin keeps the closing a few tokens early: the check
 counts bytes, the budget counts tokens, and a tokenized closing text may cut differently.
 """
 from __future__ import annotations
@@ -33,10 +36,12 @@ from minillm.generation.constrained.grammar_mask import GrammarIndex
 from minillm.generation.constrained.json_grammar import json_object_grammar, schema_to_grammar
 from minillm.generation.constrained.json_schema import SchemaError
 from minillm.generation.constrained.pushdown import Pushdown
+from minillm.generation.constrained.unique_items import Rejected
 from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
 MAX_FORCED = 256     # bytes of one jump-forward
 CLOSING_MARGIN = 2   # close this many tokens early (the closing text may tokenize differently later)
+UNIQUE_SLACK = 32    # outside a uniqueItems array, the bytes by which its distinct items may lengthen a closing
 
 
 class GrammarGuide:
@@ -50,6 +55,9 @@ class GrammarGuide:
         self.max_tokens = max_tokens
         self.num_tokens = 0   # advanced so far: the budget left is max_tokens - num_tokens
         self.tail = b""       # the last bytes written: does the text end inside a character?
+        self.uniqueness = index.uniqueness   # None: the grammar has no uniqueItems array
+        self.open_array = None               # the uniqueItems array being written (unique_items.OpenArray)
+        self._closing = (None, b"")          # (configurations, open array) -> their closing text, cached
 
     @property
     def state(self) -> frozenset:
@@ -64,6 +72,11 @@ class GrammarGuide:
         closing = self._closing_tokens()
         if closing is None:
             ids, costs = self.index.allowed_with_costs(self.configs)
+            if self.uniqueness is not None:
+                keep = self.uniqueness.keep(self.open_array, self.configs, ids, self.index.unique_vocabulary)
+                ids, costs = ids[keep], costs[keep]
+                if self.max_tokens is not None and self.open_array is not None:
+                    costs = costs + self._unique_surcharge()
             if self.max_tokens is None:
                 return ids
             # a token after which even a byte-by-byte closing would not fit in what is left is out
@@ -80,10 +93,10 @@ class GrammarGuide:
         if token_id == self.index.eos_id and self.accepting:
             return
         data = self.tokenizer.id_to_bytes[token_id]
-        configs = self.pushdown.walk(data, self.configs) if data else set()
+        configs, open_array = self._walk(data, self.configs, self.open_array) if data else (set(), None)
         if not configs:
             raise ValueError(f"token {token_id} ({data!r}) breaks the grammar here")
-        self.configs = frozenset(configs)
+        self.configs, self.open_array = frozenset(configs), open_array
         self.tail = (self.tail + data)[-4:]
 
     def forced_tokens(self) -> list[int]:
@@ -106,13 +119,23 @@ class GrammarGuide:
         data = bytes(out[:complete_utf8_length(bytes(out))])
         if not data:
             return []
-        tokens, configs = [], self.configs
+        tokens, configs, open_array = [], self.configs, self.open_array
         for t in self.tokenizer.encode(data.decode("utf-8"), add_bos=False):
-            configs = p.walk(self.tokenizer.id_to_bytes[t], configs)
-            if not configs:   # e.g. text that spells a special token: stop before it
+            configs, open_array = self._walk(self.tokenizer.id_to_bytes[t], configs, open_array)
+            if not configs:   # e.g. text that spells a special token (or repeats a unique item): stop before it
                 break
             tokens.append(t)
         return tokens
+
+    def _walk(self, data: bytes, configs, open_array):
+        """(configurations, open uniqueItems array) after `data`; no configuration when the grammar
+        or the uniqueness refuses it."""
+        if self.uniqueness is None:
+            return self.pushdown.walk(data, configs), None
+        try:
+            return self.uniqueness.walk(open_array, configs, data)
+        except Rejected:
+            return set(), None
 
     # ---- budget-aware closing -----------------------------------------------------------
 
@@ -123,11 +146,31 @@ class GrammarGuide:
             return None
         left = self.max_tokens - self.num_tokens
         p = self.pushdown
-        cheapest = min(p.reading(self.configs), key=p.closing_cost)
-        if not force and p.closing_cost(cheapest) + CLOSING_MARGIN < left:   # a token holds >= 1 byte: not yet
+        cost = p.closing_cost(min(p.reading(self.configs), key=p.closing_cost))
+        if self.uniqueness is not None and (self.open_array is not None or cost + CLOSING_MARGIN + UNIQUE_SLACK >= left):
+            cost = len(self._closing_text())   # distinct items: walked out, only where it may matter
+        if not force and cost + CLOSING_MARGIN < left:   # a token holds >= 1 byte: not yet
             return None
-        tokens = self.tokenize_bytes(p.closing_text(cheapest))
+        tokens = self.tokenize_bytes(self._closing_text())
         return tokens if force or len(tokens) + CLOSING_MARGIN >= left else None
+
+    def _closing_text(self) -> bytes:
+        """One shortest text that completes the output (distinct items in uniqueItems arrays)."""
+        key = (self.configs, self.open_array)
+        if self._closing[0] != key:
+            p = self.pushdown
+            if self.uniqueness is None:
+                text = p.closing_text(min(p.reading(self.configs), key=p.closing_cost))
+            else:
+                text = self.uniqueness.closing_text(self.open_array, self.configs)
+            self._closing = (key, text)
+        return self._closing[1]
+
+    def _unique_surcharge(self) -> int:
+        """How many bytes longer closing is than the grammar alone says, here: distinct items are
+        longer than the shortest one repeated. Added to every token's closing cost."""
+        p = self.pushdown
+        return max(len(self._closing_text()) - p.closing_cost(min(p.reading(self.configs), key=p.closing_cost)), 0)
 
     def tokenize_bytes(self, data: bytes) -> list[int]:
         """Tokens whose bytes are `data` exactly (it may start inside a character): the tokenizer's

@@ -34,6 +34,7 @@ from numba import njit
 
 from minillm.generation.constrained.pushdown import Pushdown
 from minillm.generation.constrained.token_index import vocabulary_trie
+from minillm.generation.constrained.unique_items import Uniqueness, Vocabulary
 from minillm.generation.tokenizer import Tokenizer
 
 MAX_CONFIGS = 32     # configurations alive after one byte
@@ -59,6 +60,9 @@ class GrammarIndex:
         self.max_depth = int(self.trie.depth.max())
         excluded = set(tokenizer.added_ids) | set(tokenizer.special_ids)
         self._byte_tokens = {d[0]: t for t, d in enumerate(data) if len(d) == 1 and t not in excluded}
+        # uniqueItems arrays: checked beside these masks, token by token where it matters (unique_items.py)
+        self.uniqueness = Uniqueness(pushdown) if pushdown.unique else None
+        self.unique_vocabulary = Vocabulary(data, self.trie) if pushdown.unique else None
         self._per_state: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._masks: OrderedDict = OrderedDict()
         # The first mask, made now: the server builds an index in its compile thread, so the engine

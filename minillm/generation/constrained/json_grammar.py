@@ -15,19 +15,32 @@ Exact (the grammar accepts exactly the valid instances, in the layout below):
     maxItems), integer minimum/maximum/exclusive* and multipleOf, number minimum/maximum/exclusive*
     and decimal multipleOf (written without an exponent), string minLength/maxLength/pattern
     (unanchored, as JSON Schema means it), formats date, uuid, ipv4, ipv6, uri (RFC 3986 without
-    IPvFuture)
+    IPvFuture);
+    not, and if/then/else as anyOf(allOf(if, then), allOf(not if, else)), wherever the negated
+    schema is made of what negation.py can complement: type, enum/const of scalars, the counts and
+    bounds of strings, numbers, arrays and objects, pattern, format, multipleOf, required,
+    properties, items, contains, and allOf/anyOf/oneOf/not/if/$ref of those;
+    uniqueItems (maxItems > 1) over scalar items - strings, numbers, booleans, null, enums of those
+    - checked at run time beside the grammar (unique_items.py: values compared, 1 == 1.0);
+    enum/const beside string and number keywords and array/object counts (each value is checked)
 Superset (valid instances always accepted, some invalid ones too):
-    oneOf (compiled as anyOf: an instance matching two options is not refused),
-    enum/const beside other keywords (the values are filtered by type only)
+    oneOf (compiled as anyOf: an instance matching two options is not refused; under not it is
+    exact), an enum/const value that is an array or an object beside items/properties-like
+    keywords (only its type, counts and required names are checked)
 Subset (everything generated is valid; some valid spellings are not produced):
-    integers are written without a fraction ("1.0" is not produced); bounded numbers and
-    multipleOf without an exponent; formats time and date-time without leap seconds, email as
+    integers are written without a fraction ("1.0" is not produced); bounded numbers, multipleOf,
+    numbers under a negated keyword (not minimum, not enum ...) and the items of uniqueItems
+    arrays without an exponent; formats time and date-time without leap seconds, email as
     local@domain only; dates from year 0001 (Python's, which validators use)
-Refused: not, if/then/else, dependentRequired/dependentSchemas/dependencies, unevaluated*,
-    uniqueItems (unless maxItems <= 1), minContains > 1 / maxContains, contains beside other
-    counts, multipleOf whose automaton would pass 20,000 states, $ref outside this document,
-    $dynamicRef, \p{...} in patterns. A schema with no valid instance is refused as
-    ``Unsatisfiable``; an unsatisfiable option, property or item is left out instead.
+Refused: dependentRequired/dependentSchemas/dependencies, unevaluated*, minContains > 1 /
+    maxContains, contains beside other counts, multipleOf whose automaton would pass 20,000
+    states, $ref outside this document, $dynamicRef, \p{...} in patterns; not (or an if with then
+    or else) whose negation needs additionalProperties, patternProperties, propertyNames,
+    prefixItems, uniqueItems, min/maxContains, an enum value that is an array or an object, or a
+    $ref back into the negated schema; uniqueItems over items that may be arrays or objects, or
+    beside prefixItems/contains; allOf branches whose pattern, format or contains differ. A schema
+    with no valid instance is refused as ``Unsatisfiable``; an unsatisfiable option, property or
+    item is left out instead.
 
 Layout: an instance is one line of JSON. Properties come in the schema's ``properties`` order,
 then any others; after ``,`` and ``:`` one optional space (json.dumps' default and compact
@@ -48,16 +61,17 @@ import numpy as np
 
 from minillm.generation.constrained.automata import DFA
 from minillm.generation.constrained.budget import CompileBudget
-from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa
-from minillm.generation.constrained.grammar import Grammar, Ref, Terminal
-from minillm.generation.constrained.json_schema import MAX_BOUND, SchemaError, integer_range_regex
+from minillm.generation.constrained.dfa_ops import byte_dfa, complement, intersect, table_dfa, union
+from minillm.generation.constrained.grammar import Grammar, Ref, Terminal, UniqueItems
+from minillm.generation.constrained.json_schema import (MAX_BOUND, SchemaError, decimal_digits, draft4_bounds,
+                                                       integer_range_regex, number_spellings)
+from minillm.generation.constrained.negation import EXCLUDED_NUMBERS, EXCLUDED_STRINGS, Negator, all_of, any_of
+from minillm.generation.constrained.unique_items import distinct_values
 from minillm.generation.constrained.regex import (EMPTY, MAX_CODE_POINT, MAX_REPEAT, Alternate, Chars, Concat, Repeat,
                                                   RegexError, literal, normalize, parse)
 
 ANNOTATIONS_OF_ALL_TYPES = {"$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary"}
-REFUSED = {"not": "a grammar cannot exclude a language", "if": "conditional schemas are not supported",
-           "then": "conditional schemas are not supported", "else": "conditional schemas are not supported",
-           "dependentRequired": "dependencies between properties are not supported",
+REFUSED = {"dependentRequired": "dependencies between properties are not supported",
            "dependentSchemas": "dependencies between properties are not supported",
            "dependencies": "dependencies between properties are not supported",
            "unevaluatedProperties": "unevaluated* keywords are not supported",
@@ -106,6 +120,9 @@ STRING_CHAR = json_chars(ANY_CHAR.ranges)
 QUOTE = literal('"')
 INTEGER = parse(r"-?(?:0|[1-9][0-9]*)")
 NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+PLAIN_NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")        # no exponent
+EXPONENT_NUMBER = parse(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?[eE][+-]?[0-9]+")   # kept out of uniqueItems arrays
+INTEGRAL = parse(r"-?(?:0|[1-9][0-9]*)(?:\.0+)?")                # the integers among PLAIN_NUMBER
 
 _H16 = "[0-9a-fA-F]{1,4}"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -149,13 +166,6 @@ FORMATS = {
 # ---- numbers with bounds: regexes over "-?I(.F)?" -------------------------------------------
 
 
-def _digits(value: Decimal) -> tuple[int, str]:
-    """A non-negative decimal as (integer part, fraction digits without trailing zeros)."""
-    whole = int(value)
-    fraction = format(value - whole, "f")[2:].rstrip("0") if value != whole else ""
-    return whole, fraction
-
-
 def _fraction_at_least(d: str, strict: bool) -> str:
     """The optional '.F' of numbers whose fraction 0.F >= 0.d (> when strict); d has no trailing zeros."""
     options = [f"{d[:i]}[{int(c) + 1}-9][0-9]*" for i, c in enumerate(d) if c != "9"]
@@ -172,14 +182,14 @@ def _fraction_at_most(d: str, strict: bool) -> str:
 
 
 def magnitude_at_least(a: Decimal, strict: bool) -> str:
-    whole, frac = _digits(a)
+    whole, frac = decimal_digits(a)
     same = f"{whole}{_fraction_at_least(frac, strict)}"
     above = integer_range_regex(whole + 1, None) + r"(?:\.[0-9]+)?"
     return f"(?:{same}|{above})"
 
 
 def magnitude_at_most(b: Decimal, strict: bool) -> str | None:
-    whole, frac = _digits(b)
+    whole, frac = decimal_digits(b)
     options = [integer_range_regex(0, whole - 1) + r"(?:\.[0-9]+)?"] if whole >= 1 else []
     if frac or not strict:
         options.append(f"{whole}{_fraction_at_most(frac, strict)}")
@@ -239,6 +249,11 @@ class _Compiler:
         self.grammar = Grammar("root")
         self.shared: dict[object, str] = {}      # body -> rule name: equal bodies share one rule
         self.refs: dict[str, str] = {}           # JSON pointer -> the rule of its target
+        self.key_sets: dict[str, list] = {}      # additional_pairs' key -> split_keys' answer
+        self.string_dfas: dict[str, DFA] = {}    # _string_key -> string_dfa's answer
+        self.unique_items: dict[object, DFA] = {}   # a uniqueItems array's item node -> its item DFA
+        self.merging: list[str] = []             # the $refs an allOf merge is inside: met again, it would never end
+        self.negator = Negator(self.resolve, ref_overrides, set(FORMATS))
 
     def rule(self, hint: str, body) -> Ref:
         name = self.shared.get(body)
@@ -295,9 +310,11 @@ class _Compiler:
             raise Unsatisfiable(f"the schema at {path} is false: no instance is valid")
         if not isinstance(schema, dict):
             raise SchemaError(f"the schema at {path} must be an object or a boolean, got {type(schema).__name__}")
-        schema = _draft4_bounds(self.merge_all_of(schema, path))
+        schema = draft4_bounds(self.merge_all_of(self.desugar(schema, path), path))
+        if not schema:   # e.g. not: false
+            return self.any_value()
         for key, why in REFUSED.items():
-            if key in schema and not (key in ("then", "else") and "if" not in schema):
+            if key in schema:
                 raise SchemaError(f"{key} at {path} is not supported: {why}")
         if "$ref" in schema:
             return self.reference(schema, path)
@@ -367,6 +384,23 @@ class _Compiler:
                 raise
         return Ref(self.refs[ref])
 
+    def desugar(self, schema: dict, path: str) -> dict:
+        """not and if/then/else written with allOf/anyOf (negation.py): then and else without an
+        if are ignored, as the specification says; draft-07's $ref ignores them all."""
+        if not any(k in schema for k in ("not", "if", "then", "else")) or ("$ref" in schema and self.ref_overrides):
+            return schema
+        parts = [{k: v for k, v in schema.items() if k not in ("not", "if", "then", "else")}]
+        if "not" in schema:
+            parts.append(self.negator.negate(schema["not"], path))
+        if "if" in schema and (schema.get("then", True) is not True or schema.get("else", True) is not True):
+            condition = schema["if"]
+            parts.append(any_of([all_of([condition, schema.get("then", True)]),
+                                 all_of([self.negator.negate(condition, path, "if"), schema.get("else", True)])]))
+        merged = all_of(parts)
+        if merged is False:
+            raise Unsatisfiable(f"the schema at {path} has no valid instance")
+        return {} if merged is True else merged
+
     def merge_all_of(self, schema: dict, path: str) -> dict:
         """allOf folded into its schema, keyword by keyword, where the merge is exact."""
         if "allOf" not in schema:
@@ -385,12 +419,19 @@ class _Compiler:
                 raise SchemaError(f"the schema at {where} must be an object or a boolean")
             if "$ref" in part and self.ref_overrides:
                 part = {"$ref": part["$ref"]}
-            if "$ref" in part:
-                target = self.resolve(part["$ref"], where)
-                if target is schema or (isinstance(target, dict) and "allOf" in target and schema in target["allOf"]):
+            ref = part.get("$ref")
+            if ref is not None:
+                target = self.resolve(ref, where)
+                if target is schema or ref in self.merging or \
+                        (isinstance(target, dict) and "allOf" in target and schema in target["allOf"]):
                     raise SchemaError(f"allOf at {where} refers back to itself")
                 part = {"allOf": [target, {k: v for k, v in part.items() if k != "$ref"}]}
-            part = self.merge_all_of(part, where)
+                self.merging.append(ref)
+            try:
+                part = self.merge_all_of(self.desugar(part, where), where)
+            finally:
+                if ref is not None:
+                    self.merging.pop()
             merged = _merge(merged, part, where)
         return merged
 
@@ -418,10 +459,31 @@ class _Compiler:
             values = [v for v in values if any(_is_type(v, t) for t in types)]
         if "enum" in schema and "const" in schema:
             values = [v for v in values if any(_json_equal(v, e) for e in schema["enum"])]
+        values = [v for v in values if self.value_keywords_hold(v, schema, path)]
         if not values:
             raise Unsatisfiable(f"no value of enum/const at {path} is valid")
         options = [value_literal(v) for v in values]
         return options[0] if len(options) == 1 else Alternate(tuple(options))
+
+    def value_keywords_hold(self, value, schema: dict, path: str) -> bool:
+        """Whether an enum/const value satisfies the keywords beside it: all string and number
+        keywords, and the counts of arrays and objects (not their items and properties)."""
+        if isinstance(value, str):
+            if not any(k in schema for k in ("minLength", "maxLength", "pattern", "format", EXCLUDED_STRINGS)):
+                return True
+            try:
+                return self.string_dfa(schema, path).fullmatch(json.dumps(value, ensure_ascii=False).encode())
+            except Unsatisfiable:
+                return False
+        if isinstance(value, bool) or value is None:
+            return True
+        if isinstance(value, (int, float)):
+            return _number_keywords_hold(_decimal(value), schema, path)
+        size = len(value)
+        low, high = ("minItems", "maxItems") if isinstance(value, list) else ("minProperties", "maxProperties")
+        if size < _count(schema, low, path) or size > (_count(schema, high, path, None) or size):
+            return False
+        return isinstance(value, list) or all(name in value for name in schema.get("required", []))
 
     def typed(self, kind: str, schema: dict, path: str):
         if kind == "string":
@@ -441,12 +503,17 @@ class _Compiler:
     # ---- strings ---------------------------------------------------------------------
 
     def string(self, schema: dict, path: str) -> Ref:
-        dfa_key = json.dumps({k: schema.get(k) for k in ("minLength", "maxLength", "pattern", "format")},
-                             sort_keys=True)
-        return self.terminal("string", dfa_key, lambda: self.string_dfa(schema, path))
+        return self.terminal("string", _string_key(schema), lambda: self.string_dfa(schema, path))
 
     def string_dfa(self, schema: dict, path: str):
-        """The byte DFA of the JSON spelling (quotes included) of the strings `schema` allows."""
+        """The byte DFA of the JSON spelling (quotes included) of the strings `schema` allows (built
+        once per set of string keywords: an enum checks each of its values against it)."""
+        key = _string_key(schema)
+        if key not in self.string_dfas:
+            self.string_dfas[key] = self.build_string_dfa(schema, path)
+        return self.string_dfas[key]
+
+    def build_string_dfa(self, schema: dict, path: str):
         lo, hi = _count(schema, "minLength", path), _count(schema, "maxLength", path, None)
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxLength < minLength at {path}: no string is valid")
@@ -458,10 +525,19 @@ class _Compiler:
         if isinstance(fmt, str) and fmt in FORMATS:
             contents.append(parse(FORMATS[fmt]))
         dfas += [byte_dfa(Concat((QUOTE, content, QUOTE)), self.budget) for content in contents]
+        dfas += [complement(self.string_set_dfa(excluded, path)) for excluded in schema.get(EXCLUDED_STRINGS, [])]
         dfa = dfas[0]
         for part in dfas[1:]:
             dfa = intersect(dfa, part, self.budget)
         return dfa
+
+    def string_set_dfa(self, excluded: dict, path: str):
+        """The byte DFA of the strings one EXCLUDED_STRINGS entry stands for (quotes included)."""
+        if "enum" in excluded:
+            return byte_dfa(Alternate(tuple(value_literal(v) for v in excluded["enum"])), self.budget)
+        if "pattern" in excluded:
+            return pattern_dfa(excluded["pattern"], f"{path}.not.pattern")
+        return byte_dfa(Concat((QUOTE, parse(FORMATS[excluded["format"]]), QUOTE)), self.budget)
 
     # ---- numbers ---------------------------------------------------------------------
 
@@ -476,11 +552,18 @@ class _Compiler:
         if lo is not None and hi is not None and lo > hi:
             raise Unsatisfiable(f"no integer lies within the bounds at {path}")
         step = multiple_of(schema, path)
-        if step is None:
+        excluded = schema.get(EXCLUDED_NUMBERS, [])
+        if step is None and not excluded:
             return INTEGER if lo is None and hi is None else parse(integer_range_regex(lo, hi))
-        digits = byte_dfa(parse(integer_range_regex(lo, hi)) if lo is not None or hi is not None else INTEGER)
-        return self.terminal("integer", json.dumps([lo, hi, step]),
-                             lambda: intersect(digits, multiple_of_dfa(*step, fraction=False), self.budget))
+
+        def make():
+            dfa = byte_dfa(parse(integer_range_regex(lo, hi)) if lo is not None or hi is not None else INTEGER)
+            if step is not None:
+                dfa = intersect(dfa, multiple_of_dfa(*step, fraction=False), self.budget)
+            for entry in excluded:
+                dfa = intersect(dfa, complement(self.number_set_dfa(entry, path)), self.budget)
+            return dfa
+        return self.terminal("integer", json.dumps([lo, hi, step, excluded]), make)
 
     def number(self, schema: dict, path: str):
         bounds = []
@@ -491,17 +574,28 @@ class _Compiler:
                 bounds.append(number_bound_regex(Decimal(repr(value)) if isinstance(value, float) else Decimal(value),
                                                  strict, lower))
         step = multiple_of(schema, path)
-        if not bounds and step is None:
+        excluded = schema.get(EXCLUDED_NUMBERS, [])
+        if not bounds and step is None and not excluded:
             return NUMBER
 
         def make():
-            parts = [byte_dfa(parse(b), self.budget) for b in bounds]
+            parts = [byte_dfa(parse(b), self.budget) for b in bounds] or [byte_dfa(PLAIN_NUMBER)]
             parts += [multiple_of_dfa(*step, fraction=True)] if step is not None else []
+            parts += [complement(self.number_set_dfa(entry, path)) for entry in excluded]
             dfa = parts[0]
             for part in parts[1:]:
                 dfa = intersect(dfa, part, self.budget)
             return dfa
-        return self.terminal("number", json.dumps([bounds, step]), make)
+        return self.terminal("number", json.dumps([bounds, step, excluded]), make)
+
+    def number_set_dfa(self, excluded: dict, path: str):
+        """The byte DFA of every spelling without exponent of the numbers one EXCLUDED_NUMBERS
+        entry stands for (1, 1.0, 1.00 ... and -0 for 0)."""
+        if "enum" in excluded:
+            return byte_dfa(Alternate(tuple(parse(number_spellings(v)) for v in excluded["enum"])), self.budget)
+        if "multipleOf" in excluded:
+            return multiple_of_dfa(*multiple_of(excluded, f"{path}.not"), fraction=True)
+        return byte_dfa(INTEGRAL, self.budget)
 
     # ---- arrays ----------------------------------------------------------------------
 
@@ -510,7 +604,7 @@ class _Compiler:
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxItems < minItems at {path}: no array is valid")
         if schema.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise SchemaError(f"uniqueItems at {path} is not supported: a grammar cannot compare items")
+            return self.unique_array(schema, lo, hi, path)
         prefix = schema.get("prefixItems", [])
         items = schema.get("items", True)
         rest = items
@@ -537,6 +631,54 @@ class _Compiler:
             return self.array_containing(schema, prefix, rest, lo, hi, path)
         body = _sequence(elements, rest_node, lo, hi)
         return self.rule("array", Concat((literal("["), body, literal("]"))))
+
+    def unique_array(self, schema: dict, lo: int, hi: int | None, path: str):
+        """An array whose items must be distinct: the grammar of an array of scalar items, marked for
+        the run-time check (unique_items.py). Items that may be arrays or objects are refused."""
+        if any(k in schema for k in ("prefixItems", "contains")) or isinstance(schema.get("items"), list):
+            raise SchemaError(f"uniqueItems at {path} is not supported beside prefixItems, an items array or "
+                              f"contains")
+        try:
+            node = self.node(schema.get("items", True), f"{path}.items")
+        except Unsatisfiable:   # no item is valid: only the empty array
+            if lo:
+                raise
+            return literal("[]")
+        if node not in self.unique_items:   # the same items in several branches (if/then, anyOf): built once
+            item = self.flat_dfa(node, path)
+            if (item.byte_table()[0, [ord("-"), *range(ord("0"), ord("9") + 1)]] >= 0).any():   # numbers: no exponent
+                item = intersect(item, _no_exponent(), self.budget)
+            self.unique_items[node] = item
+        item = self.unique_items[node]
+        if not item.accepting.any() or not distinct_values(item, lo):
+            raise Unsatisfiable(f"the items at {path} have fewer than minItems = {lo} distinct values")
+        item_rule = self.terminal("unique_item", repr(node), lambda: item)
+        array = self.rule("unique_array", Concat((literal("["), _sequence([], item_rule, lo, hi), literal("]"))))
+        self.grammar.unique[array.name] = UniqueItems(item, lo)
+        return array
+
+    def flat_dfa(self, node, path: str, seen: tuple[str, ...] = ()):
+        """The byte DFA of an item node whose language is regular and holds no array or object."""
+        refused = SchemaError(f"uniqueItems at {path} is not supported for items that may be arrays or objects "
+                              f"(only strings, numbers, booleans and null are compared at run time)")
+        if not _has_ref(node):
+            dfa = byte_dfa(node, self.budget)
+            if (dfa.byte_table()[0, [ord("["), ord("{")]] >= 0).any():   # e.g. an enum value that is an array
+                raise refused
+            return dfa
+        if isinstance(node, Ref):
+            body = self.grammar.rules[node.name]
+            if isinstance(body, Terminal):
+                return body.dfa
+            if node.name in seen or body is None:   # recursive: a structure
+                raise refused
+            return self.flat_dfa(body, path, (*seen, node.name))
+        if not isinstance(node, Alternate):   # a sequence around a reference: an array or an object
+            raise refused
+        dfa = self.flat_dfa(node.options[0], path, seen)
+        for option in node.options[1:]:
+            dfa = union(dfa, self.flat_dfa(option, path, seen), self.budget)
+        return dfa
 
     def element(self, schema, path: str) -> Ref:
         node = self.node(schema, path)
@@ -609,15 +751,31 @@ class _Compiler:
             return _nothing()
         if not isinstance(names, dict):
             raise SchemaError(f"propertyNames at {path} must be a schema")
+        if unknown := [k for k in names if k in ("oneOf", "$ref")]:
+            raise SchemaError(f"{unknown[0]} inside propertyNames at {path} is not supported")
+        names = self.merge_all_of(self.desugar(names, path), path)
+        if "anyOf" in names:   # e.g. a negation: of its options, only those that admit strings matter
+            rest = {k: v for k, v in names.items() if k != "anyOf"}
+            options = []
+            for option in names["anyOf"]:
+                try:
+                    options.append(_merge(rest, {} if option is True else option, path))
+                except Unsatisfiable:
+                    continue
+            options = [o for o in options if o is not False and _may_be_string(o)]
+            if len(options) > 1:
+                raise SchemaError(f"anyOf inside propertyNames at {path} is not supported (with more than one "
+                                  f"option for strings)")
+            names = options[0] if options else {"type": "null"}
+        if not _may_be_string(names):
+            return _nothing()
         if "enum" in names or "const" in names:
             values = [names["const"]] if "const" in names else names["enum"]
-            keys = [v for v in values if isinstance(v, str)]
+            keys = [v for v in values if isinstance(v, str) and self.value_keywords_hold(v, names, path)]
             if not keys:
                 return _nothing()
             return byte_dfa(Alternate(tuple(value_literal(k) for k in keys)))
-        known = {"type", "minLength", "maxLength", "pattern", "format"}
-        if unknown := [k for k in names if k in ("anyOf", "oneOf", "allOf", "$ref")]:
-            raise SchemaError(f"{unknown[0]} inside propertyNames at {path} is not supported")
+        known = {"minLength", "maxLength", "pattern", "format", EXCLUDED_STRINGS}
         return self.string_dfa({k: v for k, v in names.items() if k in known}, path)
 
     def additional_pairs(self, declared, patterns, extra, name_dfa, path):
@@ -628,35 +786,45 @@ class _Compiler:
         they match: one key language per set (the intersection of those patterns and the
         complements of the others), the sets whose language is empty pruned as they are found."""
         key = json.dumps([declared, list(patterns), name_dfa is None])
+        items = list(patterns.items())
+        if key not in self.key_sets:   # the same object in several branches (if/then, anyOf) splits once
+            self.key_sets[key] = self.split_keys(declared, [p for p, _ in items], name_dfa, path)
+        options = []
+        for matched, keys in self.key_sets[key]:
+            value = extra if not matched else _both_all([items[k][1] for k in matched])
+            where = f"{path}.additionalProperties" if not matched else f"{path}.patternProperties"
+            try:
+                element = self.element(value, where)
+            except Unsatisfiable:   # keys of this set cannot appear (e.g. false, or types that clash)
+                continue
+            options.append(Concat((self.terminal("key", f"{key}/{matched}", lambda keys=keys: keys), KEY_SEP, element)))
+        if not options:
+            return None
+        return self.rule("pair", options[0] if len(options) == 1 else Alternate(tuple(options)))
+
+    def split_keys(self, declared, patterns, name_dfa, path) -> list[tuple[tuple[int, ...], DFA]]:
+        """The keys outside `declared` split by the set of patterns they match: (the indexes of
+        the patterns matched, the byte DFA of those keys) for each set with some key."""
         base = byte_dfa(Concat((QUOTE, Repeat(STRING_CHAR, 0, None), QUOTE)))
         if declared:
             base = intersect(base, complement(byte_dfa(Alternate(tuple(value_literal(n) for n in declared)))))
         if name_dfa is not None:
             base = intersect(base, name_dfa)
-        items = list(patterns.items())
-        dfas = [pattern_dfa(p, f"{path}.patternProperties") for p, _ in items]
-        options = []
+        dfas = [pattern_dfa(p, f"{path}.patternProperties") for p in patterns]
+        out = []
 
         def split(i: int, keys, matched: tuple[int, ...]):
             self.budget.check_time()
             if not keys.accepting.any():
                 return
-            if i == len(items):
-                value = extra if not matched else _both_all([items[k][1] for k in matched])
-                where = f"{path}.additionalProperties" if not matched else f"{path}.patternProperties"
-                try:
-                    element = self.element(value, where)
-                except Unsatisfiable:   # keys of this set cannot appear (e.g. false, or types that clash)
-                    return
-                options.append(Concat((self.terminal("key", f"{key}/{matched}", lambda: keys), KEY_SEP, element)))
+            if i == len(dfas):
+                out.append((matched, keys))
                 return
             split(i + 1, intersect(keys, dfas[i], self.budget), (*matched, i))
             split(i + 1, intersect(keys, complement(dfas[i]), self.budget), matched)
 
         split(0, base, ())
-        if not options:
-            return None
-        return self.rule("pair", options[0] if len(options) == 1 else Alternate(tuple(options)))
+        return out
 
     def members(self, fields, additional, lo: int, hi: int | None, path: str):
         """The declared pairs in order (optional ones skippable), then any additional pairs, ","
@@ -722,8 +890,37 @@ def _find_anchor(schema, name: str):
     return None
 
 
+def _may_be_string(schema: dict) -> bool:
+    """Whether the type and enum/const of `schema` leave room for a string."""
+    types = schema.get("type", "string")
+    values = [schema["const"]] if "const" in schema else schema.get("enum", [""])
+    return "string" in ([types] if isinstance(types, str) else types) and any(isinstance(v, str) for v in values)
+
+
+def _string_key(schema: dict) -> str:
+    """The string keywords of `schema`, as a key: equal keys, equal string languages."""
+    return json.dumps({k: schema.get(k) for k in ("minLength", "maxLength", "pattern", "format")}
+                      | {"excluded": schema.get(EXCLUDED_STRINGS)}, sort_keys=True)
+
+
+def _has_ref(node) -> bool:
+    if isinstance(node, Ref):
+        return True
+    if isinstance(node, Concat):
+        return any(_has_ref(p) for p in node.parts)
+    if isinstance(node, Alternate):
+        return any(_has_ref(o) for o in node.options)
+    return isinstance(node, Repeat) and _has_ref(node.node)
+
+
 def _has_none(node) -> bool:
     return isinstance(node, Concat) and any(p is None for p in node.parts)
+
+
+@lru_cache(maxsize=1)
+def _no_exponent():
+    """Every byte string but a number written with an exponent."""
+    return complement(byte_dfa(EXPONENT_NUMBER))
 
 
 @lru_cache(maxsize=1)
@@ -936,14 +1133,19 @@ def _merge(a: dict, b: dict, path: str) -> dict:
             out[key] = min(mine, value)
         elif key == "enum":
             out[key] = [v for v in mine if any(_json_equal(v, w) for w in value)]
+        elif key == "const":
+            if not _json_equal(mine, value):
+                raise Unsatisfiable(f"allOf at {path}: the consts {mine!r} and {value!r} differ")
         elif key == "multipleOf":
             x, y = Fraction(str(mine)), Fraction(str(value))
             step = Fraction(math.lcm(x.numerator, y.numerator), math.gcd(x.denominator, y.denominator))
             out[key] = int(step) if step.denominator == 1 else float(step)
         elif key in ("anyOf", "oneOf"):
             out[key] = [{"allOf": [x, y]} for x in mine for y in value]
-        elif key in ("additionalProperties", "contains", "propertyNames", "items"):
+        elif key in ("additionalProperties", "propertyNames", "items"):   # not contains: two contains are not one
             out[key] = _both(mine, value)
+        elif key in (EXCLUDED_STRINGS, EXCLUDED_NUMBERS):
+            out[key] = [*mine, *(v for v in value if v not in mine)]
         else:
             raise SchemaError(f"allOf at {path}: {key!r} differs between the schemas and cannot be merged")
     return out
@@ -1028,16 +1230,6 @@ def _count(schema: dict, key: str, path: str, default: int | None = 0) -> int | 
     return value
 
 
-def _draft4_bounds(schema: dict) -> dict:
-    """Draft-04's boolean exclusiveMinimum/Maximum (true: minimum/maximum is exclusive) in 2020-12 terms."""
-    out = dict(schema)
-    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if isinstance(out.get(flag), bool):
-            if out.pop(flag) and bound in out:
-                out[flag] = out.pop(bound)
-    return out
-
-
 def _bound(schema: dict, key: str, path: str):
     """A numeric bound (None when absent)."""
     value = schema.get(key)
@@ -1048,6 +1240,28 @@ def _bound(schema: dict, key: str, path: str):
     if abs(value) >= MAX_BOUND:  # the digit-by-digit range automaton grows with the digits
         raise SchemaError(f"{key} at {path} is {value!r}: bounds below {MAX_BOUND:g} in magnitude are supported")
     return value
+
+
+def _decimal(value) -> Decimal:
+    """A JSON number as the decimal it is written as (a float by its shortest repr)."""
+    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+
+
+def _number_keywords_hold(x: Decimal, schema: dict, path: str) -> bool:
+    """Whether the number x satisfies schema's bounds, multipleOf and EXCLUDED_NUMBERS."""
+    checks = {"minimum": lambda b: x >= b, "maximum": lambda b: x <= b,
+              "exclusiveMinimum": lambda b: x > b, "exclusiveMaximum": lambda b: x < b}
+    for key, holds in checks.items():
+        if (bound := _bound(schema, key, path)) is not None and not holds(_decimal(bound)):
+            return False
+    if multiple_of(schema, path) is not None and Fraction(x) % Fraction(_decimal(schema["multipleOf"])) != 0:
+        return False
+    for entry in schema.get(EXCLUDED_NUMBERS, []):
+        if "enum" in entry and any(x == _decimal(v) for v in entry["enum"]) or \
+                multiple_of(entry, path) is not None and Fraction(x) % Fraction(_decimal(entry["multipleOf"])) == 0 or \
+                entry.get("type") == "integer" and x == x.to_integral_value():
+            return False
+    return True
 
 
 def _is_type(value, kind: str) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 
 from minillm.generation.constrained.budget import CompileBudget
 from minillm.generation.constrained.regex import MAX_REPEAT, RegexError, escape, parse
@@ -54,6 +55,16 @@ BOOLEAN, NULL = "(?:true|false)", "null"
 
 class SchemaError(ValueError):
     """The schema uses something outside the supported subset, or is malformed."""
+
+
+def draft4_bounds(schema: dict) -> dict:
+    """Draft-04's boolean exclusiveMinimum/Maximum (true: minimum/maximum is exclusive) in 2020-12 terms."""
+    out = dict(schema)
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), bool):
+            if out.pop(flag) and bound in out:
+                out[flag] = out.pop(bound)
+    return out
 
 
 def schema_to_regex(schema: dict | bool | str, budget: CompileBudget | None = None) -> str:
@@ -100,6 +111,22 @@ def _literal(value) -> str:
 
 # -----------------------------------------------------------------------------------------------
 # Integer ranges as regexes
+
+
+def decimal_digits(value: Decimal) -> tuple[int, str]:
+    """A non-negative decimal as (integer part, fraction digits without trailing zeros)."""
+    whole = int(value)
+    fraction = format(value - whole, "f")[2:].rstrip("0") if value != whole else ""
+    return whole, fraction
+
+
+def number_spellings(value) -> str:
+    """A regex of every spelling without exponent of the number `value` (an int, a float by its
+    shortest repr, a Decimal): trailing zeros after the point, and "-0" for zero."""
+    exact = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    whole, fraction = decimal_digits(abs(exact))
+    sign = "-?" if exact == 0 else "-" if exact < 0 else ""
+    return f"{sign}{whole}" + (rf"\.{fraction}0*" if fraction else r"(?:\.0+)?")
 
 
 def integer_range_regex(lo: int | None, hi: int | None) -> str:

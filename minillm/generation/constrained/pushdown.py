@@ -17,6 +17,9 @@ hashable (the mask cache is keyed by them) and a push shares nothing mutable.
 A rule that can call itself before reading a byte (left recursion) would push forever: it is
 refused when the automaton is built.
 
+Arrays with ``uniqueItems`` are read as any other rule here (duplicates pass): ``unique`` lists
+them for unique_items.py, which the guide runs beside this automaton.
+
 Closing: ``close_bytes[g]`` is the fewest bytes that finish g's rule (the called rules' shortest
 texts included), found by relaxing every move until nothing shrinks; a configuration needs
 close_bytes[g] + the sum over its stack, and ``closing_text`` spells one shortest completion.
@@ -39,6 +42,7 @@ class Pushdown:
     def __init__(self, grammar: Grammar, budget: CompileBudget | None = None):
         names, dfas = compile_rules(grammar, budget)
         self.rule_names = names
+        self.unique = {names.index(n): spec for n, spec in grammar.unique.items() if n in names}   # rule -> UniqueItems
         self.rule_start = np.cumsum([0] + [d.num_states for d in dfas])[:-1].astype(np.int32)   # (R,)
         num_states = int(sum(d.num_states for d in dfas))
         table = np.full((num_states, 256), DEAD, dtype=np.int32)                                 # (G, 256)

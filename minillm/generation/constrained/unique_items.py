@@ -1,0 +1,285 @@
+"""uniqueItems at run time: the items of an array that must be distinct, for scalar items.
+
+A context-free grammar cannot compare two items, so json_grammar.py compiles a uniqueItems array
+as an ordinary array whose items are texts of one byte DFA (``UniqueItems.item``: strings, numbers
+without exponent, true, false, null - never arrays or objects) and marks the rule. The guide runs
+this tracker beside the pushdown automaton. While such an array is open (its ``[`` read, through
+the rule's state right after it) the tracker follows it byte by byte - between items, or inside
+one at a state of the item DFA - and keeps the values of the finished items:
+
+    an item ends at the "," or "]" after it (a complete scalar never goes on with those), and
+        a byte that ends an item equal to a finished one is refused
+    a token may not stop where the item can no longer become a fresh value (every completion
+        of its text spells a value already used: "ab" when only "abc" and "abd" are allowed and
+        both are used), nor right after a "," when no fresh item is left: so no dead end
+    values, not texts, are compared: 1, 1.0, 1.00 and -0, 0 are equal numbers
+
+"A completion that is fresh" is a search in the product of the item DFA and the DFA of every
+spelling of the used values: the spellings of a string, true, false, null are one text each, of
+a number the regex of number_spellings (trailing zeros, -0; exponents are kept out of the items),
+so the search is exact. Its shortest answer is also what closes an array when the token budget
+runs out (budget-aware closing, grammar_guide.py).
+
+Which tokens need the tracker at all: those that hold a "," or "]" (they may end an item), those
+that open an array and go on past a "," (a "[" and a "," in one token), and those whose bytes keep
+the item's text a prefix of some used value's spelling (found by walking the vocabulary trie
+along that DFA: a handful). Every other token leaves the item distinguishable from the used
+values, so some completion is fresh.
+"""
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from functools import lru_cache
+
+import numpy as np
+
+from minillm.generation.constrained.automata import DEAD, DFA
+from minillm.generation.constrained.dfa_ops import byte_dfa
+from minillm.generation.constrained.grammar import UniqueItems
+from minillm.generation.constrained.json_schema import number_spellings
+from minillm.generation.constrained.regex import Alternate, literal, parse
+
+COMMA, CLOSE, OPEN, SPACE = ord(","), ord("]"), ord("["), ord(" ")
+
+
+class Rejected(Exception):
+    """The byte would repeat an item of a uniqueItems array."""
+
+
+@dataclass(frozen=True)
+class OpenArray:
+    """A uniqueItems array being written: `item` is the item DFA's state, None between items."""
+    rule: int                  # the pushdown rule of the array
+    item: int | None
+    text: bytes                # the current item's bytes so far
+    used: frozenset            # value_key of each finished item
+
+
+def value_key(text: bytes):
+    """A scalar's JSON text as a key equal for equal JSON values (1 == 1.0 == 1e0, true != 1)."""
+    value = json.loads(text)
+    if isinstance(value, str):
+        return ("string", value)
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    return ("number", Decimal(text.decode()))
+
+
+@lru_cache(maxsize=256)
+def spellings_dfa(used: frozenset) -> DFA:
+    """The byte DFA of every spelling (without exponent) of the values in `used`."""
+    options = []
+    for kind, value in used:
+        if kind == "number":
+            options.append(parse(number_spellings(value)))
+        else:
+            options.append(literal(json.dumps(value, ensure_ascii=False)))
+    return byte_dfa(Alternate(tuple(options)) if len(options) > 1 else options[0])
+
+
+def fresh_completion(item: DFA, state: int, text: bytes, used: frozenset) -> bytes | None:
+    """The shortest bytes that finish an item from `state` (reached by `text`) into a value not in
+    `used`; None when every completion repeats one. Breadth-first in the product of the item DFA
+    and the used values' spellings (DEAD there: the text already differs from them all)."""
+    table = item.byte_table()                                                  # (S, 256)
+    if used:
+        spell = spellings_dfa(used)
+        spell_table = spell.byte_table()
+        start = (state, spell.walk(text))
+    else:
+        spell, start = None, (state, DEAD)
+    parents = {start: None}
+    queue = deque([start])
+    while queue:
+        d, s = queue.popleft()
+        if item.accepting[d] and (s == DEAD or not spell.accepting[s]):
+            out = bytearray()
+            node = (d, s)
+            while parents[node] is not None:
+                node, byte = parents[node]
+                out.append(byte)
+            return bytes(reversed(out))
+        for byte in np.flatnonzero(table[d] >= 0):
+            nxt = (int(table[d, byte]), DEAD if s == DEAD else int(spell_table[s, byte]))
+            if nxt not in parents:
+                parents[nxt] = ((d, s), int(byte))
+                queue.append(nxt)
+    return None
+
+
+def distinct_values(item: DFA, count: int) -> bool:
+    """Whether the item language holds at least `count` distinct values."""
+    used = frozenset()
+    for _ in range(count):
+        found = fresh_completion(item, 0, b"", used)
+        if found is None:
+            return False
+        used = used | {value_key(found)}
+    return True
+
+
+class Vocabulary:
+    """What the masks need of a tokenizer: each token's bytes, their trie, and which tokens hold
+    the bytes that can end an item."""
+
+    def __init__(self, token_bytes: list[bytes], trie):
+        self.token_bytes, self.trie = token_bytes, trie
+        holds = lambda *bs: np.array([all(b in data for b in bs) for data in token_bytes], dtype=bool)   # (V,)
+        self.ending = holds(COMMA) | holds(CLOSE)   # may end an item
+        self.opening = holds(OPEN, COMMA)           # may open an array and end an item
+
+
+class Uniqueness:
+    """The uniqueItems arrays of one pushdown automaton (``pushdown.unique``), read byte by byte."""
+
+    def __init__(self, pushdown):
+        self.pushdown = pushdown
+        self.specs: dict[int, UniqueItems] = pushdown.unique
+        self.tables = {r: spec.item.byte_table() for r, spec in self.specs.items()}        # each (S, 256)
+        # the state right after "[" in each marked rule: a configuration there has just opened it
+        self.entries = {int(pushdown.table[pushdown.rule_start[r], OPEN]): r for r in self.specs}
+
+    def fullmatch(self, data: bytes) -> bool:
+        """The pushdown's fullmatch, with the items of every uniqueItems array distinct."""
+        try:
+            configs, _ = self.walk(None, {(self.pushdown.start, ())}, data)
+        except Rejected:
+            return False
+        return self.pushdown.can_end(configs)
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    def step(self, state: OpenArray | None, configs, byte: int) -> OpenArray | None:
+        """The tracker after `byte` (`configs`: the pushdown's configurations after it). Raises
+        Rejected when the byte ends an item equal to a finished one."""
+        if state is not None:
+            state = self._step_open(state, byte)
+        if state is None and byte == OPEN:
+            for g, _ in configs:
+                if g in self.entries:
+                    return OpenArray(self.entries[g], None, b"", frozenset())
+        return state
+
+    def _step_open(self, state: OpenArray, byte: int) -> OpenArray | None:
+        table = self.tables[state.rule]
+        if state.item is None:
+            if byte == SPACE:
+                return state
+            if byte == CLOSE:
+                return None
+            nxt = int(table[0, byte])
+            return None if nxt == DEAD else replace(state, item=nxt, text=bytes([byte]))   # DEAD: not this array's text
+        nxt = int(table[state.item, byte])
+        if nxt != DEAD:
+            return replace(state, item=nxt, text=state.text + bytes([byte]))
+        if byte not in (COMMA, CLOSE) or not self.specs[state.rule].item.accepting[state.item]:
+            return None   # a byte this array cannot read: the parse that reads it is another one
+        key = value_key(state.text)
+        if key in state.used:
+            raise Rejected(f"{state.text!r} repeats an item of a uniqueItems array")
+        return None if byte == CLOSE else OpenArray(state.rule, None, b"", state.used | {key})
+
+    def viable(self, state: OpenArray | None) -> bool:
+        """Whether the array can still be finished with distinct items from here."""
+        if state is None:
+            return True
+        item = self.specs[state.rule].item
+        if state.item is None:
+            if not state.used:   # just opened: "]" or any first item
+                return True
+            return fresh_completion(item, 0, b"", state.used) is not None
+        return fresh_completion(item, state.item, state.text, state.used) is not None
+
+    def walk(self, state: OpenArray | None, configs, data: bytes):
+        """(configurations, tracker) after `data`; Rejected as in step, and when it stops where the
+        array cannot be finished."""
+        for byte in data:
+            configs = self.pushdown.step(configs, byte)
+            if not configs:
+                break
+            state = self.step(state, configs, byte)
+        if not self.viable(state):
+            raise Rejected("every way to finish this uniqueItems array repeats an item")
+        return configs, state
+
+    # ---- masks -------------------------------------------------------------------------------
+
+    def keep(self, state: OpenArray | None, configs, ids: np.ndarray, vocabulary: Vocabulary) -> np.ndarray:
+        """(K,) bool: which of the grammar's allowed `ids` the uniqueness allows."""
+        keep = np.ones(len(ids), dtype=bool)
+        if state is None:
+            suspect = vocabulary.opening[ids]
+        else:
+            suspect = vocabulary.ending[ids] | np.isin(ids, self._prefix_tokens(state, vocabulary.trie))
+        for k in np.flatnonzero(suspect):
+            try:
+                self.walk(state, configs, vocabulary.token_bytes[ids[k]])
+            except Rejected:
+                keep[k] = False
+        return keep
+
+    def _prefix_tokens(self, state: OpenArray, t) -> np.ndarray:
+        """The tokens after which the current item's text is still a prefix of a used value's
+        spelling (without a "," or "]"): the only others that could stop where nothing fresh is left."""
+        if not state.used:
+            return np.zeros(0, dtype=np.int64)
+        table, spell = self.tables[state.rule], spellings_dfa(state.used)
+        spell_table = spell.byte_table()
+        start = (state.item, spell.walk(state.text) if state.item is not None else 0)
+        if start[1] == DEAD:
+            return np.zeros(0, dtype=np.int64)
+        found, todo = [], [(0, start)]
+        while todo:
+            node, (d, s) = todo.pop()
+            child = node + 1
+            while child < t.subtree_end[node]:
+                byte = int(t.byte[child])
+                if d is None and byte == SPACE:
+                    nxt = (None, s)
+                else:
+                    nd = int(table[0 if d is None else d, byte])
+                    nxt = (nd, int(spell_table[s, byte])) if nd != DEAD else None
+                if nxt is not None and nxt[1] != DEAD:
+                    found.extend(t.token_ids[t.token_starts[child]:t.token_starts[child + 1]].tolist())
+                    todo.append((child, nxt))
+                child = int(t.subtree_end[child])
+        return np.unique(np.array(found, dtype=np.int64))
+
+    # ---- closing -------------------------------------------------------------------------------
+
+    def closing_text(self, state: OpenArray | None, configs) -> bytes:
+        """One short text that completes the whole output with distinct items: the pushdown's
+        shortest closing, except that each open uniqueItems array is finished with fresh values
+        (its current item, then items up to its minItems, then "]")."""
+        p, out = self.pushdown, bytearray()
+        while True:
+            if state is not None:
+                data = self._finish_array(state)
+            else:
+                cheapest = min(p.reading(configs), key=p.closing_cost)
+                if p.closing_cost(cheapest) == 0:
+                    return bytes(out)
+                data, configs = p.closing_text(cheapest), {cheapest}   # its path alone: the others cost more
+            for byte in data:   # stop where a uniqueItems array opens: it is finished by its own rule
+                configs = p.step(configs, byte)
+                opened = state is None
+                state = self.step(state, configs, byte)
+                out.append(byte)
+                if opened and state is not None:
+                    break
+
+    def _finish_array(self, state: OpenArray) -> bytes:
+        spec = self.specs[state.rule]
+        out, used = bytearray(), state.used
+        if state.item is not None or used:   # an item is under way, or one must follow the ","
+            tail = fresh_completion(spec.item, 0 if state.item is None else state.item, state.text, used)
+            out += tail
+            used = used | {value_key(state.text + tail)}
+        while len(used) < spec.min_items:
+            item = fresh_completion(spec.item, 0, b"", used)
+            out += (b"," if used else b"") + item
+            used = used | {value_key(item)}
+        return bytes(out + b"]")
