@@ -18,9 +18,9 @@ parse stands (pushdown.py's closing lengths), and the index knows them after eac
 
 The closing text is one shortest completion (strings end, arrays and objects close, required
 properties get their shortest values; the items of a uniqueItems array stay distinct, which may
-make it longer than the grammar alone says: inside such an array that surcharge is added to every
-token's cost; outside, the exact closing is walked out once the grammar's estimate comes within
-UNIQUE_SLACK bytes of the budget). The margin keeps the closing a few tokens early: the check
+make it longer than the grammar alone says: once the grammar's estimate comes within UNIQUE_SLACK
+bytes of the budget, the exact closing is walked out, and inside such an array its surcharge is
+added to every token's cost). The margin keeps the closing a few tokens early: the check
 counts bytes, the budget counts tokens, and a tokenized closing text may cut differently.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from minillm.generation.tokenizer import Tokenizer, complete_utf8_length
 
 MAX_FORCED = 256     # bytes of one jump-forward
 CLOSING_MARGIN = 2   # close this many tokens early (the closing text may tokenize differently later)
-UNIQUE_SLACK = 32    # outside a uniqueItems array, the bytes by which its distinct items may lengthen a closing
+UNIQUE_SLACK = 32    # bytes by which distinct items may lengthen a closing beyond the grammar's estimate
 
 
 class GrammarGuide:
@@ -75,7 +75,7 @@ class GrammarGuide:
             if self.uniqueness is not None:
                 keep = self.uniqueness.keep(self.open_array, self.configs, ids, self.index.unique_vocabulary)
                 ids, costs = ids[keep], costs[keep]
-                if self.max_tokens is not None and self.open_array is not None:
+                if self.max_tokens is not None and self.open_array is not None and self._near_budget():
                     costs = costs + self._unique_surcharge()
             if self.max_tokens is None:
                 return ids
@@ -147,7 +147,7 @@ class GrammarGuide:
         left = self.max_tokens - self.num_tokens
         p = self.pushdown
         cost = p.closing_cost(min(p.reading(self.configs), key=p.closing_cost))
-        if self.uniqueness is not None and (self.open_array is not None or cost + CLOSING_MARGIN + UNIQUE_SLACK >= left):
+        if self.uniqueness is not None and self._near_budget():
             cost = len(self._closing_text())   # distinct items: walked out, only where it may matter
         if not force and cost + CLOSING_MARGIN < left:   # a token holds >= 1 byte: not yet
             return None
@@ -165,6 +165,13 @@ class GrammarGuide:
                 text = self.uniqueness.closing_text(self.open_array, self.configs)
             self._closing = (key, text)
         return self._closing[1]
+
+    def _near_budget(self) -> bool:
+        """The grammar's closing estimate is within UNIQUE_SLACK bytes of the tokens left: from here
+        on the closing with distinct items is walked out (it costs a Python walk per step)."""
+        p = self.pushdown
+        estimate = p.closing_cost(min(p.reading(self.configs), key=p.closing_cost))
+        return estimate + CLOSING_MARGIN + UNIQUE_SLACK >= self.max_tokens - self.num_tokens
 
     def _unique_surcharge(self) -> int:
         """How many bytes longer closing is than the grammar alone says, here: distinct items are

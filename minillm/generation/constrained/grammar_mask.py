@@ -62,7 +62,7 @@ class GrammarIndex:
         self._byte_tokens = {d[0]: t for t, d in enumerate(data) if len(d) == 1 and t not in excluded}
         # uniqueItems arrays: checked beside these masks, token by token where it matters (unique_items.py)
         self.uniqueness = Uniqueness(pushdown) if pushdown.unique else None
-        self.unique_vocabulary = Vocabulary(data, self.trie) if pushdown.unique else None
+        self.unique_vocabulary = Vocabulary(tokenizer, data, self.trie, pushdown.unique) if pushdown.unique else None
         self._per_state: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._masks: OrderedDict = OrderedDict()
         # The first mask, made now: the server builds an index in its compile thread, so the engine

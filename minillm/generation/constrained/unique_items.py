@@ -41,8 +41,10 @@ from minillm.generation.constrained.dfa_ops import byte_dfa
 from minillm.generation.constrained.grammar import UniqueItems
 from minillm.generation.constrained.json_schema import number_spellings
 from minillm.generation.constrained.regex import Alternate, literal, parse
+from minillm.generation.constrained.token_index import TokenIndex
 
 COMMA, CLOSE, OPEN, SPACE = ord(","), ord("]"), ord("["), ord(" ")
+CAPACITY = 64   # distinct item values counted once per array rule: below it, "is a fresh item left" is a comparison
 
 
 class Rejected(Exception):
@@ -112,24 +114,32 @@ def fresh_completion(item: DFA, state: int, text: bytes, used: frozenset) -> byt
 
 def distinct_values(item: DFA, count: int) -> bool:
     """Whether the item language holds at least `count` distinct values."""
+    return count_values(item, count) >= count
+
+
+def count_values(item: DFA, cap: int) -> int:
+    """How many distinct values the item language holds, counted up to `cap`."""
     used = frozenset()
-    for _ in range(count):
+    while len(used) < cap:
         found = fresh_completion(item, 0, b"", used)
         if found is None:
-            return False
+            break
         used = used | {value_key(found)}
-    return True
+    return len(used)
 
 
 class Vocabulary:
-    """What the masks need of a tokenizer: each token's bytes, their trie, and which tokens hold
-    the bytes that can end an item."""
+    """What the masks need of a tokenizer: each token's bytes, their trie, which tokens hold the
+    bytes that can end an item, and per item DFA the token index (the tokens that stay inside an
+    item from each of its states)."""
 
-    def __init__(self, token_bytes: list[bytes], trie):
-        self.token_bytes, self.trie = token_bytes, trie
+    def __init__(self, tokenizer, token_bytes: list[bytes], trie, specs: dict[int, UniqueItems]):
+        self.token_bytes, self.trie, self.eos_id = token_bytes, trie, tokenizer.eos_id
         holds = lambda *bs: np.array([all(b in data for b in bs) for data in token_bytes], dtype=bool)   # (V,)
         self.ending = holds(COMMA) | holds(CLOSE)   # may end an item
-        self.opening = holds(OPEN, COMMA)           # may open an array and end an item
+        self.opening = np.array([OPEN in data and COMMA in data[data.index(OPEN):] for data in token_bytes],
+                                dtype=bool)        # may open an array and end an item in it
+        self.items = {r: TokenIndex(spec.item, tokenizer) for r, spec in specs.items()}
 
 
 class Uniqueness:
@@ -141,6 +151,7 @@ class Uniqueness:
         self.tables = {r: spec.item.byte_table() for r, spec in self.specs.items()}        # each (S, 256)
         # the state right after "[" in each marked rule: a configuration there has just opened it
         self.entries = {int(pushdown.table[pushdown.rule_start[r], OPEN]): r for r in self.specs}
+        self.capacity: dict[int, int] = {}   # rule -> its items' distinct values, counted up to CAPACITY
 
     def fullmatch(self, data: bytes) -> bool:
         """The pushdown's fullmatch, with the items of every uniqueItems array distinct."""
@@ -187,10 +198,14 @@ class Uniqueness:
         if state is None:
             return True
         item = self.specs[state.rule].item
-        if state.item is None:
-            if not state.used:   # just opened: "]" or any first item
+        if state.item is None:   # a fresh item exists while fewer values are used than the items hold
+            if state.rule not in self.capacity:
+                self.capacity[state.rule] = count_values(item, CAPACITY)
+            if len(state.used) < self.capacity[state.rule]:
                 return True
             return fresh_completion(item, 0, b"", state.used) is not None
+        if not state.used or spellings_dfa(state.used).walk(state.text) == DEAD:
+            return True   # the text already differs from every used value: any completion is fresh
         return fresh_completion(item, state.item, state.text, state.used) is not None
 
     def walk(self, state: OpenArray | None, configs, data: bytes):
@@ -212,14 +227,32 @@ class Uniqueness:
         keep = np.ones(len(ids), dtype=bool)
         if state is None:
             suspect = vocabulary.opening[ids]
-        else:
+        elif state.item is None:
             suspect = vocabulary.ending[ids] | np.isin(ids, self._prefix_tokens(state, vocabulary.trie))
+        else:   # inside an item, only the tokens that leave it (or keep it a used value's prefix) matter
+            staying = vocabulary.items[state.rule].allowed(state.item)
+            suspect = ~np.isin(ids, staying) | np.isin(ids, self._prefix_tokens(state, vocabulary.trie))
+        suspect &= ids != vocabulary.eos_id
         for k in np.flatnonzero(suspect):
+            data = vocabulary.token_bytes[ids[k]]
             try:
-                self.walk(state, configs, vocabulary.token_bytes[ids[k]])
+                if state is None or not self._tracked(state, data):
+                    self.walk(state, configs, data)
             except Rejected:
                 keep[k] = False
         return keep
+
+    def _tracked(self, state: OpenArray, data: bytes) -> bool:
+        """Check `data` with the tracker alone (no pushdown: the grammar has allowed the token
+        already); False when the token closes the array and may open another one, which needs the
+        pushdown's configurations. Raises Rejected as walk does."""
+        for i, byte in enumerate(data):
+            state = self._step_open(state, byte)
+            if state is None:
+                return OPEN not in data[i + 1:]
+        if not self.viable(state):
+            raise Rejected("every way to finish this uniqueItems array repeats an item")
+        return True
 
     def _prefix_tokens(self, state: OpenArray, t) -> np.ndarray:
         """The tokens after which the current item's text is still a prefix of a used value's
