@@ -14,23 +14,27 @@ one at a state of the item DFA - and keeps the values of the finished items:
         both are used), nor right after a "," when no fresh item is left: so no dead end
     values, not texts, are compared: 1, 1.0, 1.00 and -0, 0 are equal numbers
 
-"A completion that is fresh" is a search in the product of the item DFA and the DFA of every
-spelling of the used values: the spellings of a string, true, false, null are one text each, of
-a number the regex of number_spellings (trailing zeros, -0; exponents are kept out of the items),
-so the search is exact. Its shortest answer is also what closes an array when the token budget
-runs out (budget-aware closing, grammar_guide.py).
+"A completion that is fresh" is a search in the product of the item DFA and the spellings of the
+used values: the spellings of a string, true, false, null are one text each, of a number the
+regex of number_spellings (trailing zeros, -0; exponents are kept out of the items), so the
+search is exact. Its shortest answer is also what closes an array when the token budget runs out
+(budget-aware closing, grammar_guide.py). The spellings are read lazily (read_spellings: which
+used values' spellings the bytes so far still begin, and where), never as one DFA of the whole
+set: the set changes at every step (the mask asks "what if the item ended here", with the item
+so far as one more used value), and determinizing the union of a few long strings anew took
+milliseconds per token.
 
 Which tokens need the tracker at all: those that hold a "," or "]" (they may end an item), those
 that open an array and go on past a "," (a "[" and a "," in one token), and those whose bytes keep
 the item's text a prefix of some used value's spelling (found by walking the vocabulary trie
-along that DFA: a handful). Every other token leaves the item distinguishable from the used
+along those spellings: a handful). Every other token leaves the item distinguishable from the used
 values, so some completion is fresh.
 """
 from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 
@@ -40,11 +44,10 @@ from minillm.generation.constrained.automata import DEAD, DFA
 from minillm.generation.constrained.dfa_ops import byte_dfa
 from minillm.generation.constrained.grammar import UniqueItems
 from minillm.generation.constrained.json_schema import number_spellings
-from minillm.generation.constrained.regex import Alternate, literal, parse
+from minillm.generation.constrained.regex import parse
 from minillm.generation.constrained.token_index import TokenIndex
 
 COMMA, CLOSE, OPEN, SPACE = ord(","), ord("]"), ord("["), ord(" ")
-CAPACITY = 64   # distinct item values counted once per array rule: below it, "is a fresh item left" is a comparison
 
 
 class Rejected(Exception):
@@ -70,62 +73,110 @@ def value_key(text: bytes):
     return ("number", Decimal(text.decode()))
 
 
-@lru_cache(maxsize=256)
-def spellings_dfa(used: frozenset) -> DFA:
-    """The byte DFA of every spelling (without exponent) of the values in `used`."""
-    options = []
-    for kind, value in used:
-        if kind == "number":
-            options.append(parse(number_spellings(value)))
+@lru_cache(maxsize=4096)
+def spelling(key) -> bytes | DFA:
+    """Every spelling (without exponent) of one value_key: its one JSON text for a string, true,
+    false, null; for a number the byte DFA of number_spellings (trailing zeros, -0)."""
+    kind, value = key
+    if kind == "number":
+        return byte_dfa(parse(number_spellings(value)))
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
+# The spellings of a set of used values, read byte by byte without building their union's DFA
+# (rebuilt for every set, that cost milliseconds per token with long strings). A state is the
+# frozenset of (value_key, position) pairs whose spelling the bytes read so far still begin: a
+# byte offset into a text, a state of a number's DFA. The empty set, NOWHERE, is DEAD.
+
+NOWHERE = frozenset()
+
+
+def start_spellings(used: frozenset) -> frozenset:
+    """The state before any byte: every used value, at the start of its spelling."""
+    return frozenset((key, 0) for key in used)
+
+
+def read_spellings(data: bytes, state: frozenset) -> frozenset:
+    """The state after `data`."""
+    out = []
+    for key, at in state:
+        spelled = spelling(key)
+        if isinstance(spelled, bytes):
+            if spelled.startswith(data, at):
+                out.append((key, at + len(data)))
+        elif (nxt := spelled.walk(data, at)) != DEAD:
+            out.append((key, nxt))
+    return frozenset(out)
+
+
+def spelled_out(state: frozenset) -> bool:
+    """Whether the bytes read are a whole spelling of some used value."""
+    for key, at in state:
+        spelled = spelling(key)
+        if isinstance(spelled, bytes):
+            if at == len(spelled):
+                return True
+        elif spelled.accepting[at]:
+            return True
+    return False
+
+
+@lru_cache(maxsize=4096)
+def spelling_moves(state: frozenset) -> dict[int, frozenset]:
+    """byte -> the state after it, for the bytes that keep some spelling alive."""
+    out: dict[int, list] = {}
+    for key, at in state:
+        spelled = spelling(key)
+        if isinstance(spelled, bytes):
+            if at < len(spelled):
+                out.setdefault(spelled[at], []).append((key, at + 1))
         else:
-            options.append(literal(json.dumps(value, ensure_ascii=False)))
-    return byte_dfa(Alternate(tuple(options)) if len(options) > 1 else options[0])
+            row = spelled.byte_table()[at]
+            for byte in np.flatnonzero(row >= 0).tolist():
+                out.setdefault(byte, []).append((key, int(row[byte])))
+    return {byte: frozenset(pairs) for byte, pairs in out.items()}
 
 
 def fresh_completion(item: DFA, state: int, text: bytes, used: frozenset) -> bytes | None:
     """The shortest bytes that finish an item from `state` (reached by `text`) into a value not in
     `used`; None when every completion repeats one. Breadth-first in the product of the item DFA
-    and the used values' spellings (DEAD there: the text already differs from them all)."""
+    and the used values' spellings (NOWHERE there: the text already differs from them all)."""
     table = item.byte_table()                                                  # (S, 256)
-    if used:
-        spell = spellings_dfa(used)
-        spell_table = spell.byte_table()
-        start = (state, spell.walk(text))
-    else:
-        spell, start = None, (state, DEAD)
+    start = (state, read_spellings(text, start_spellings(used)))
     parents = {start: None}
     queue = deque([start])
     while queue:
         d, s = queue.popleft()
-        if item.accepting[d] and (s == DEAD or not spell.accepting[s]):
+        if item.accepting[d] and not spelled_out(s):
             out = bytearray()
             node = (d, s)
             while parents[node] is not None:
                 node, byte = parents[node]
                 out.append(byte)
             return bytes(reversed(out))
-        for byte in np.flatnonzero(table[d] >= 0):
-            nxt = (int(table[d, byte]), DEAD if s == DEAD else int(spell_table[s, byte]))
+        moves = spelling_moves(s) if s else {}
+        for byte in np.flatnonzero(table[d] >= 0).tolist():
+            nxt = (int(table[d, byte]), moves.get(byte, NOWHERE))
             if nxt not in parents:
-                parents[nxt] = ((d, s), int(byte))
+                parents[nxt] = ((d, s), byte)
                 queue.append(nxt)
     return None
 
 
 def distinct_values(item: DFA, count: int) -> bool:
     """Whether the item language holds at least `count` distinct values."""
-    return count_values(item, count) >= count
+    return len(more_values(item, frozenset(), count)) >= count
 
 
-def count_values(item: DFA, cap: int) -> int:
-    """How many distinct values the item language holds, counted up to `cap`."""
-    used = frozenset()
-    while len(used) < cap:
-        found = fresh_completion(item, 0, b"", used)
+def more_values(item: DFA, known: frozenset, count: int) -> frozenset:
+    """`known` (value_keys of items) grown by fresh items until it holds `count` values, or all the
+    item language has."""
+    while len(known) < count:
+        found = fresh_completion(item, 0, b"", known)
         if found is None:
             break
-        used = used | {value_key(found)}
-    return len(used)
+        known = known | {value_key(found)}
+    return known
 
 
 class Vocabulary:
@@ -140,6 +191,16 @@ class Vocabulary:
         self.opening = np.array([OPEN in data and COMMA in data[data.index(OPEN):] for data in token_bytes],
                                 dtype=bool)        # may open an array and end an item in it
         self.items = {r: TokenIndex(spec.item, tokenizer) for r, spec in specs.items()}
+        self._leaving: dict[tuple[int, int], np.ndarray] = {}
+
+    def leaving(self, rule: int, state: int) -> np.ndarray:
+        """(V,) bool: the tokens that leave an item of `rule` from its DFA state `state` (those the
+        item's token index does not allow there); kept per state, a lookup per mask."""
+        if (rule, state) not in self._leaving:
+            leaves = np.ones(len(self.token_bytes), dtype=bool)
+            leaves[self.items[rule].allowed(state)] = False
+            self._leaving[(rule, state)] = leaves
+        return self._leaving[(rule, state)]
 
 
 class Uniqueness:
@@ -151,7 +212,7 @@ class Uniqueness:
         self.tables = {r: spec.item.byte_table() for r, spec in self.specs.items()}        # each (S, 256)
         # the state right after "[" in each marked rule: a configuration there has just opened it
         self.entries = {int(pushdown.table[pushdown.rule_start[r], OPEN]): r for r in self.specs}
-        self.capacity: dict[int, int] = {}   # rule -> its items' distinct values, counted up to CAPACITY
+        self.values: dict[int, tuple[frozenset, bool]] = {}   # rule -> item values found so far, all? (_holds)
 
     def fullmatch(self, data: bytes) -> bool:
         """The pushdown's fullmatch, with the items of every uniqueItems array distinct."""
@@ -181,11 +242,11 @@ class Uniqueness:
                 return state
             if byte == CLOSE:
                 return None
-            nxt = int(table[0, byte])
-            return None if nxt == DEAD else replace(state, item=nxt, text=bytes([byte]))   # DEAD: not this array's text
+            nxt = int(table[0, byte])   # DEAD: not this array's text
+            return None if nxt == DEAD else OpenArray(state.rule, nxt, bytes([byte]), state.used)
         nxt = int(table[state.item, byte])
         if nxt != DEAD:
-            return replace(state, item=nxt, text=state.text + bytes([byte]))
+            return OpenArray(state.rule, nxt, state.text + bytes([byte]), state.used)
         if byte not in (COMMA, CLOSE) or not self.specs[state.rule].item.accepting[state.item]:
             return None   # a byte this array cannot read: the parse that reads it is another one
         key = value_key(state.text)
@@ -197,16 +258,44 @@ class Uniqueness:
         """Whether the array can still be finished with distinct items from here."""
         if state is None:
             return True
-        item = self.specs[state.rule].item
-        if state.item is None:   # a fresh item exists while fewer values are used than the items hold
-            if state.rule not in self.capacity:
-                self.capacity[state.rule] = count_values(item, CAPACITY)
-            if len(state.used) < self.capacity[state.rule]:
+        if state.item is None:   # every used value is an item's: a fresh one is left if the items hold more
+            return self._holds(state.rule, len(state.used) + 1)
+        spelled = read_spellings(state.text, start_spellings(state.used))
+        return self._fresh_left(state.rule, state.item, spelled)
+
+    def _holds(self, rule: int, count: int) -> bool:
+        """Whether the items of `rule` hold at least `count` distinct values. The values found are
+        kept (and whether they are all there are), so that over a whole array the search runs
+        about once per item, not once per token that could end one (a mask asks for each of them:
+        "is a fresh item left after this?")."""
+        known, complete = self.values.get(rule, (frozenset(), False))
+        if len(known) < count and not complete:
+            known = more_values(self.specs[rule].item, known, count)
+            self.values[rule] = (known, len(known) < count)
+        return len(known) >= count
+
+    def _fresh_left(self, rule: int, item: int, spelled: frozenset) -> bool:
+        """Whether some completion of the item from DFA state `item` is a fresh value (`spelled`:
+        where the text so far stands in the used values' spellings): fresh_completion's question
+        without its shortest answer. Depth-first along the used spellings only, up to the first
+        byte that leaves them all: the item DFA is minimal (a state that is not DEAD can still be
+        completed), so from there every completion is fresh."""
+        table, accepting = self.tables[rule], self.specs[rule].item.accepting
+        seen, todo = set(), [(item, spelled)]
+        while todo:
+            d, s = todo.pop()
+            if not s or (accepting[d] and not spelled_out(s)):
                 return True
-            return fresh_completion(item, 0, b"", state.used) is not None
-        if not state.used or spellings_dfa(state.used).walk(state.text) == DEAD:
-            return True   # the text already differs from every used value: any completion is fresh
-        return fresh_completion(item, state.item, state.text, state.used) is not None
+            moves = spelling_moves(s)
+            live = np.flatnonzero(table[d] >= 0).tolist()
+            if any(byte not in moves for byte in live):
+                return True
+            for byte in live:
+                nxt = (int(table[d, byte]), moves[byte])
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
 
     def walk(self, state: OpenArray | None, configs, data: bytes):
         """(configurations, tracker) after `data`; Rejected as in step, and when it stops where the
@@ -230,8 +319,8 @@ class Uniqueness:
         elif state.item is None:
             suspect = vocabulary.ending[ids] | np.isin(ids, self._prefix_tokens(state, vocabulary.trie))
         else:   # inside an item, only the tokens that leave it (or keep it a used value's prefix) matter
-            staying = vocabulary.items[state.rule].allowed(state.item)
-            suspect = ~np.isin(ids, staying) | np.isin(ids, self._prefix_tokens(state, vocabulary.trie))
+            suspect = (vocabulary.leaving(state.rule, state.item)[ids]
+                       | np.isin(ids, self._prefix_tokens(state, vocabulary.trie)))
         suspect &= ids != vocabulary.eos_id
         for k in np.flatnonzero(suspect):
             data = vocabulary.token_bytes[ids[k]]
@@ -259,23 +348,24 @@ class Uniqueness:
         spelling (without a "," or "]"): the only others that could stop where nothing fresh is left."""
         if not state.used:
             return np.zeros(0, dtype=np.int64)
-        table, spell = self.tables[state.rule], spellings_dfa(state.used)
-        spell_table = spell.byte_table()
-        start = (state.item, spell.walk(state.text) if state.item is not None else 0)
-        if start[1] == DEAD:
+        table = self.tables[state.rule]
+        start = (state.item, read_spellings(state.text, start_spellings(state.used)))
+        if not start[1]:
             return np.zeros(0, dtype=np.int64)
         found, todo = [], [(0, start)]
         while todo:
             node, (d, s) = todo.pop()
+            moves = spelling_moves(s)
             child = node + 1
             while child < t.subtree_end[node]:
                 byte = int(t.byte[child])
                 if d is None and byte == SPACE:
                     nxt = (None, s)
+                elif byte in moves and (nd := int(table[0 if d is None else d, byte])) != DEAD:
+                    nxt = (nd, moves[byte])
                 else:
-                    nd = int(table[0 if d is None else d, byte])
-                    nxt = (nd, int(spell_table[s, byte])) if nd != DEAD else None
-                if nxt is not None and nxt[1] != DEAD:
+                    nxt = None
+                if nxt is not None:
                     found.extend(t.token_ids[t.token_starts[child]:t.token_starts[child + 1]].tolist())
                     todo.append((child, nxt))
                 child = int(t.subtree_end[child])
