@@ -12,10 +12,21 @@ write, sampling and the rest (Python glue), and for each weight family the bandw
 (its bytes over its time) beside the machine's DRAM read bandwidth. This script picks the workload
 and stamps the result:
 benchmarks/results/decode_profile.json (decode_profile_avx2.json for ``--isa avx2``).
+
+A timer around every op keeps the per-op path (the fused decode layer runs only the backend's own
+kernels, minillm/kernels/cpu/fused_decode.py), so the op-by-op profile is not the step users get.
+``engine_step`` times that one: the engine (scheduler, paged cache, sampler) decoding one request,
+each step split into the fused decoder layers, the checks that set them up, the embedding, the LM
+head, sampling, and what is left: the Python outside every kernel (and the final RMSNorm of one
+row, which cannot be timed without leaving the fused path: a timed op is not the backend's own).
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import statistics
+import time
 from pathlib import Path
 
 import numba
@@ -25,9 +36,68 @@ from common import RESULTS, numba_target, random_prompt, save_result
 from minillm.generation.profile import profile_decode
 from minillm.generation.sampling import SamplingParams
 from minillm.hardware.microbench import MIB, measure_bandwidth
+from minillm.llm import load_tokenizer
 from minillm.model.fetch import cached_model_path, fetch
 from minillm.model.loader import load_model
-from minillm.model.profile import weight_bytes_by_family
+from minillm.model.profile import OpTimer, weight_bytes_by_family
+from minillm.runtime.engine import LLMEngine
+
+OUTSIDE = "rest (Python, final norm)"
+
+
+def timed_engine_model(model, timer: OpTimer):
+    """A shallow copy of ``model`` (the same weights) whose forward's parts are timed: the fused step's
+    checks, each fused layer call, the embedding, the LM head."""
+    timed = copy.copy(model)
+    fused_decode_step = timer.wrap("fused step checks", model.fused_decode_step)
+
+    def fused_step_with_timed_layers(*args):
+        fused = fused_decode_step(*args)
+        if fused is not None:
+            step, layers = fused
+            step.run = timer.wrap("decoder layers (fused)", step.run)
+        return fused
+
+    timed.fused_decode_step = fused_step_with_timed_layers
+    timed.embed = timer.wrap("embedding", model.embed)
+    timed.lm_head = timer.wrap("LM head", model.lm_head)
+    return timed
+
+
+def engine_step(model, tokenizer, prompt: list[int], steps: int, params: SamplingParams, repeats: int = 3) -> dict:
+    """ms a decode step of the engine (one request, the step users get), plain (median of
+    ``repeats`` runs) and split by a timed run; the steps must run fused."""
+    params = dataclasses.replace(params, ignore_eos=True)  # every run takes all its steps
+
+    def run(engine_model, timer: OpTimer | None):
+        engine = LLMEngine(engine_model, tokenizer, max_num_seqs=1)
+        if timer is not None:
+            engine.runner.sampler.sample = timer.wrap("sampling", engine.runner.sampler.sample)
+        engine.add_request(prompt, params)
+        engine.step()  # the prefill (and the first token): not profiled
+        if timer is not None:
+            timer.clear()
+        fused_before, start = engine_model.fused_decode_steps, time.perf_counter()
+        taken = 0
+        while engine.has_unfinished():
+            engine.step()
+            taken += 1
+        seconds = time.perf_counter() - start
+        fused = engine_model.fused_decode_steps - fused_before
+        if taken != steps - 1 or fused != taken:
+            raise RuntimeError(f"{taken} decode steps, {fused} fused: "
+                               f"the engine's steps must all run the fused layers")
+        return 1e3 * seconds / taken, taken
+
+    run(model, None)  # warm-up: every kernel compiled
+    plain = statistics.median(run(model, None)[0] for _ in range(repeats))
+    timer = OpTimer(model)
+    timed = timed_engine_model(model, timer)
+    step_ms, taken = run(timed, timer)
+    ms = {family: 1e3 * s / taken for family, s in timer.seconds.items()}
+    ms[OUTSIDE] = step_ms - sum(ms.values())
+    return {"step_ms_plain": plain, "step_ms_timed": step_ms, "ms_per_step": ms,
+            "outside_kernels_share": ms[OUTSIDE] / step_ms}
 
 
 def profile(quick: bool, out_dir: Path, name: str) -> None:
@@ -52,11 +122,16 @@ def profile(quick: bool, out_dir: Path, name: str) -> None:
         weights = f"{weight_bytes[family] / 1e6:>9.2f}{gbs[family]:>7.1f}" if family in gbs else ""
         print(f"{family:<22}{ms:>9.3f}{ms / p.step_ms_instrumented:>8.1%}{weights}")
     print(f"DRAM read bandwidth (512 MiB, best of 5): {dram_gbs:.1f} GB/s")
+    engine = engine_step(model, load_tokenizer(path), prompt, steps, params)
+    print(f"the engine's decode step (fused layers, paged cache, sampler): {engine['step_ms_plain']:.2f} ms plain, "
+          f"{engine['step_ms_timed']:.2f} ms timed")
+    for family, ms in engine["ms_per_step"].items():
+        print(f"{family:<28}{ms:>9.3f}{ms / engine['step_ms_timed']:>8.1%}")
     save_result(name, {"quick": quick, "model": path.name, "steps": steps, "isa": target["isa"],
                        "threads": numba.get_num_threads(), "sampling": "temperature 0.8, top_p 0.95",
                        "step_ms_instrumented": p.step_ms_instrumented, "step_ms_plain": p.step_ms_plain,
                        "ms_per_step": p.ms_per_step, "weight_bytes_per_step": weight_bytes,
-                       "weight_gbs": gbs, "dram_read_gbs": dram_gbs}, out_dir)
+                       "weight_gbs": gbs, "dram_read_gbs": dram_gbs, "engine_step": engine}, out_dir)
 
 
 def main():

@@ -476,8 +476,12 @@ def test_learner_qlinear_takes_decode_through_qmatvec_and_prefill_through_dequan
 # committed figures and the machine that measured them
 
 
-def test_committed_result_is_the_file_of_this_microarchitecture():
+def test_committed_result_is_the_file_of_this_microarchitecture(tmp_path, monkeypatch):
     from minillm.course import committed
+    for name, llvm_cpu in (("decode", "znver4"), ("decode_zen5", "znver5"), ("decode_xeon", "rocketlake")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"benchmark": "decode", "machine": {"llvm_cpu": llvm_cpu}}))
+    (tmp_path / "decode_profile.json").write_text(json.dumps({"benchmark": "decode_profile"}))  # not decode's
+    monkeypatch.setattr(committed, "RESULTS", tmp_path)
     assert committed.committed_result("decode", "znver5")["file"] == "decode_zen5.json"
     assert committed.committed_result("decode", "rocketlake")["file"] == "decode_xeon.json"
     assert committed.committed_result("decode", "znver4")["file"] == "decode.json"
@@ -776,19 +780,6 @@ def test_source_share_and_solution_section_on_a_synthetic_notebook():
         == {"decode", "quant_quality"}
 
 
-# Issue 29 is still open on one count, and the cases known to fail are expected failures - strict,
-# so that the day one passes its mark must go: the committed results files predate the machine and
-# fingerprint stamp (they are rerun on one quiet machine by benchmarks/run_all_fair.sh).
-UNSTAMPED_RESULTS_YET = {"01_hardware", "02_cpu_kernels", "04_weights_and_quantization", "05_transformer",
-                         "06_generation", "07_paged_kv_cache", "08_scheduler", "09_server", "11_structured_output",
-                         "12_scale_out"}
-
-
-def chapters_but(known_failing: set[str], reason: str) -> list:
-    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=reason)) if p.stem in known_failing else p
-            for p in CHAPTERS]
-
-
 @pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
 def test_package_source_is_at_most_a_fifth_of_what_a_chapter_prints(notebook_path):
     shown, printed = source_share(json.loads(notebook_path.read_text()))
@@ -801,8 +792,7 @@ def test_solutions_live_in_a_final_solutions_section(notebook_path):
     assert not cells, f"{notebook_path.name}: code cells {cells} print solutions before '## Solutions'"
 
 
-@pytest.mark.parametrize("notebook_path", chapters_but(UNSTAMPED_RESULTS_YET, "issue 29: results files to rerun"),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
 def test_every_results_file_a_chapter_reads_names_its_machine_and_fingerprint(notebook_path):
     notebook = json.loads(notebook_path.read_text())
     unstamped = unstamped_results(results_read("\n".join(cell_source(c) for c in code_cells(notebook))))
@@ -810,7 +800,6 @@ def test_every_results_file_a_chapter_reads_names_its_machine_and_fingerprint(no
                            "rerun them (benchmarks/run_all_fair.sh) or stop reading them")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: results files to rerun (benchmarks/run_all_fair.sh)")
 def test_every_results_file_the_readme_reads_names_its_machine_and_fingerprint():
     unstamped = unstamped_results(results_read((REPO / "README.md").read_text()))
     assert not unstamped, f"README.md reads {unstamped}, which lack the machine or fingerprint stamp"

@@ -7,7 +7,7 @@ in exact (fp32) and int8 activation mode, for Llama and for Qwen3 (QK-norm). The
 forced the way the course seats a learner's decoder layer: by replacing
 minillm.model.transformer.decoder_layer (here with a wrapper around the package's own).
 
-Tiny random models are written as GGUF files with mixed formats (Q4_1 qkv, Q8_0 attn_output, Q4_0
+Tiny random models are written as GGUF files (benchmarks/tiny_model.py) with mixed formats (Q4_1 qkv, Q8_0 attn_output, Q4_0
 gate/up, Q4_1 down), so that each matrix's code layout reaches its own kernel. The slow tests run
 the real SmolLM2-135M: greedy tokens and logits of 16 decode steps at batch 1 and 3.
 """
@@ -15,6 +15,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,58 +25,30 @@ import minillm.model.transformer as transformer
 from minillm.generation.sampling import SamplingParams
 from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import fused_decode
-from minillm.kernels.cpu.quant import quantize
 from minillm.kernels.cpu.quant_repack import repack
 from minillm.kernels.registry import Backend, OPS, get_backend
 from minillm.llm import load_tokenizer
-from minillm.model.gguf import write_gguf
 from minillm.model.kv_cache import AttentionMetadata
 from minillm.model.loader import load_model
 from minillm.runtime.engine import LLMEngine
 from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache
 
-VOCAB, HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, CONTEXT = 96, 64, 96, 2, 4, 2, 16, 1024
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tiny_model import TinyShape, write_tiny_gguf  # noqa: E402  (benchmarks/ is a folder of scripts)
+
+SHAPE = TinyShape(vocab=96, hidden=64, ffn=96, layers=2, heads=4, kv_heads=2, head_dim=16, context=1024)
+VOCAB, LAYERS, HEADS, KV_HEADS, HEAD_DIM = SHAPE.vocab, SHAPE.layers, SHAPE.heads, SHAPE.kv_heads, SHAPE.head_dim
+# every code layout reaches its own kernel
 QTYPES = {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q4_1", "attn_output": "Q8_0",
           "ffn_gate": "Q4_0", "ffn_up": "Q4_0", "ffn_down": "Q4_1"}
 BLOCK_SIZE, NUM_BLOCKS = 4, 320
 
 
-def write_tiny_gguf(path, arch: str):
-    """Random weights in a llama or qwen3 GGUF file: linear layers as QTYPES, a tied Q8_0 embedding."""
-    rng = np.random.default_rng(0)
-
-    def linear(kind: str, rows: int, cols: int):
-        return quantize((0.25 * rng.standard_normal((rows, cols))).astype(np.float32), QTYPES[kind])
-
-    def norm(n: int):
-        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
-
-    tensors = {"token_embd.weight": quantize(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32), "Q8_0"),
-               "output_norm.weight": norm(HIDDEN)}
-    for i in range(LAYERS):
-        b = f"blk.{i}."
-        tensors |= {b + "attn_norm.weight": norm(HIDDEN), b + "ffn_norm.weight": norm(HIDDEN),
-                    b + "attn_q.weight": linear("attn_q", HEADS * HEAD_DIM, HIDDEN),
-                    b + "attn_k.weight": linear("attn_k", KV_HEADS * HEAD_DIM, HIDDEN),
-                    b + "attn_v.weight": linear("attn_v", KV_HEADS * HEAD_DIM, HIDDEN),
-                    b + "attn_output.weight": linear("attn_output", HIDDEN, HEADS * HEAD_DIM),
-                    b + "ffn_gate.weight": linear("ffn_gate", FFN, HIDDEN),
-                    b + "ffn_up.weight": linear("ffn_up", FFN, HIDDEN),
-                    b + "ffn_down.weight": linear("ffn_down", HIDDEN, FFN)}
-        if arch == "qwen3":
-            tensors |= {b + "attn_q_norm.weight": norm(HEAD_DIM), b + "attn_k_norm.weight": norm(HEAD_DIM)}
-    metadata = {"general.architecture": arch, "general.name": f"tiny-{arch}", f"{arch}.block_count": LAYERS,
-                f"{arch}.context_length": CONTEXT, f"{arch}.embedding_length": HIDDEN,
-                f"{arch}.feed_forward_length": FFN, f"{arch}.attention.head_count": HEADS,
-                f"{arch}.attention.head_count_kv": KV_HEADS, f"{arch}.rope.freq_base": 10000.0,
-                f"{arch}.attention.layer_norm_rms_epsilon": 1e-5, f"{arch}.vocab_size": VOCAB}
-    return write_gguf(path, metadata, tensors)
-
-
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fused")
-    return {arch: write_tiny_gguf(folder / f"tiny-{arch}.gguf", arch) for arch in ("llama", "qwen3")}
+    return {arch: write_tiny_gguf(folder / f"tiny-{arch}.gguf", arch, shape=SHAPE, qtypes=QTYPES)
+            for arch in ("llama", "qwen3")}
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +199,20 @@ def test_rows_padded_to_the_row_group_stay_identical(tiny_files, monkeypatch):
     assert_same_steps(fused, reference)
 
 
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_the_fused_linear_is_qlinear_bit_for_bit(tiny_models, activations, tokens):
+    """linear_rows, called from Python, against the per-op path's qlinear: every code layout."""
+    weights = tiny_models["llama", activations].weights.layers[0]
+    x = np.random.default_rng(1).standard_normal((tokens, weights.wo.shape[1])).astype(np.float32)
+    isa = fused_decode.EXACT if activations == "fp32" else fused_decode.quant_int8.TARGET_ISA
+    for w in (weights.wo, weights.w_down, weights.qkv[0]):
+        x_in = x if w.shape[1] == x.shape[1] else np.resize(x, (tokens, w.shape[1]))
+        got = fused_decode.linear_rows(w.quants, w.scales, w.mins, x_in, w.shape[0],
+                                       fused_decode.quant_fp32.QTYPE_CODES[w.qtype], w.rows_per_group, tokens, isa)
+        np.testing.assert_array_equal(got, get_backend("numba").qlinear(x_in, w))
+
+
 # -----------------------------------------------------------------------------
 # where the per-op path runs instead
 
@@ -276,14 +263,22 @@ def test_a_learner_kernel_in_the_backend_runs_instead(tiny_models):
     assert steps_taken(same) == 2  # another Backend object holding the package's own kernels fuses
 
 
-def test_the_reference_backend_a_subclassed_cache_and_a_tensor_parallel_rank_run_per_op(tiny_files, tiny_models):
+def test_the_reference_backend_a_cache_that_writes_otherwise_and_a_tensor_parallel_rank_run_per_op(tiny_files, tiny_models):
     assert steps_taken(load_model(tiny_files["qwen3"], backend="reference")) == 0
 
-    class OtherPagedCache(PagedKVCache):
+    class WritesCounted(PagedKVCache):
+        writes = 0
+
+        def write(self, *args):
+            WritesCounted.writes += 1
+            super().write(*args)
+
+    class Renamed(PagedKVCache):
         pass
 
     model = tiny_models["qwen3", "fp32"]
-    assert steps_taken(model, OtherPagedCache) == 0
+    assert steps_taken(model, WritesCounted) == 0 and WritesCounted.writes == 3 * LAYERS
+    assert steps_taken(model, Renamed) == 2  # it writes and attends as PagedKVCache does
     rank = transformer.Model(model.config, model.weights, model.ops)
     rank.context = dataclasses.replace(rank.context, all_reduce=lambda x: x)  # as ShardedModel does
     assert steps_taken(rank) == 0

@@ -1,7 +1,7 @@
 """The committed benchmark figures a chapter prints beside its live ones (benchmarks/results/*.json).
 
 A figure belongs to the machine that measured it. One benchmark may have several results files,
-one per machine (decode.json on Zen 4, decode_zen5.json, decode_xeon.json: the "benchmark" field
+one per machine (decode.json from one machine, decode_<machine>.json from others: the "benchmark" field
 inside each names the benchmark); ``committed_result`` picks the one measured on the learner's
 microarchitecture (the LLVM CPU name Numba compiles for) when there is one, and every figure is
 printed with ``machine_label``: CPU, microarchitecture, the ISA Numba targeted, cores, and the
@@ -55,7 +55,7 @@ def stamped(result: dict) -> bool:
 
 
 def machine_label(result: dict) -> str:
-    """``decode_zen5.json: AMD EPYC, znver5, Numba avx512, 2 cores, minillm 3f1c..., 2026-12-01`` -
+    """``decode.json: AMD EPYC, znver5, Numba avx512, 2 cores, minillm 3f1c..., 2026-12-01`` -
     what a committed figure is printed with; it says so when the file lacks part of its stamp, when
     it was measured on another microarchitecture than this machine's, and when it is stale."""
     machine = result.get("machine", {})

@@ -105,6 +105,11 @@ class KVCache(Protocol):
     def attend(self, layer: int, q: np.ndarray, meta: AttentionMetadata, ops) -> np.ndarray:
         """Causal attention of q (N, H, Dh) over each sequence's cached keys -> (N, H, Dh)."""
 
+    def paged_host_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (n_layers, num_blocks, block_size, Hkv, Dh) host K and V arrays that a fused decode
+        layer (kernels/cpu/fused_decode.py) writes and reads itself, in place of ``write`` and
+        ``attend`` - or None: then the forward calls ``write`` and ``attend``."""
+
 
 # -----------------------------------------------------------------------------
 # the contiguous cache: one fixed-length row of storage per sequence slot
@@ -154,3 +159,6 @@ class ContiguousKVCache:
             else:                  # prefill, or a prefill chunk on top of a cached context
                 out[first:last] = ops.attention(q[first:last], k, v, start)     # (T, H, Dh)
         return out
+
+    def paged_host_arrays(self) -> None:
+        return None  # not paged: the fused layer's kernels read block tables

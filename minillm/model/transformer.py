@@ -15,7 +15,6 @@ kernels in the same order, so the same logits bit for bit. ``Model.fused_decode_
 from __future__ import annotations
 
 import operator
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,14 +51,6 @@ def _check_batch(token_ids: np.ndarray, meta: AttentionMetadata, config: ModelCo
     if meta.max_position >= config.context_length:
         raise ValueError(f"positions must lie in [0, {config.context_length}) (the model's context length), "
                          f"got {meta.positions.min()}..{meta.max_position}")
-
-
-def _host_paged_cache(cache: KVCache) -> bool:
-    """``cache`` is the runtime's PagedKVCache itself (not its device subclass, nor any other). The
-    model layer imports nothing from the runtime above it, so the class is looked up among the
-    loaded modules: if minillm.runtime.paged_cache is not loaded, no cache can be one."""
-    paged_cache = sys.modules.get("minillm.runtime.paged_cache")
-    return paged_cache is not None and type(cache) is paged_cache.PagedKVCache
 
 
 def _fused_dims(c: ModelConfig) -> tuple[int, int, int, int, int]:
@@ -111,21 +102,23 @@ class Model:
         where nothing else would differ: at most ``fused_decode.MAX_ROWS`` rows; every function of
         the per-op forward in place (a learner's decoder layer, seated by the course, runs itself);
         the numba backend's own kernels (not a learner's, a timer's or another backend's); one
-        process holding whole layers (a tensor-parallel rank all-reduces between the halves); the
-        runtime's host paged cache; every linear weight repacked for the SIMD matvec, alike.
+        process holding whole layers (a tensor-parallel rank all-reduces between the halves); a
+        cache that hands over its paged host arrays (KVCache.paged_host_arrays); every linear weight
+        repacked for the SIMD matvec, alike.
         """
         ctx = self.context
         if (meta.num_tokens > fused_decode.MAX_ROWS or decoder_layer is not PER_OP_FUNCTIONS["decoder_layer"]
                 or not per_op_functions_in_place() or ctx.all_reduce is not no_reduce
-                or not _host_paged_cache(cache) or not fused_decode.uses_package_kernels(ctx.ops, cache.ops)
+                or cache.paged_host_arrays() is None or not fused_decode.uses_package_kernels(ctx.ops, cache.ops)
                 or x.dtype != np.float32 or not x.flags.c_contiguous):
             return None
         layers = self._fused_layers(num_layers)
         if layers is None:
             return None
         c = ctx.config
-        step = fused_decode.DecodeStep(meta, cache.k, cache.v, num_layers, ctx.cos, ctx.sin, c.rope_style, c.rms_eps,
-                                       _fused_dims(c))
+        k_caches, v_caches = cache.paged_host_arrays()  # (n_layers, num_blocks, block_size, Hkv, Dh) each
+        step = fused_decode.DecodeStep(meta, k_caches, v_caches, num_layers, ctx.cos, ctx.sin, c.rope_style,
+                                       c.rms_eps, _fused_dims(c))
         return step, layers
 
     def _fused_layers(self, num_layers: int) -> list | None:

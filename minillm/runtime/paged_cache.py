@@ -126,6 +126,12 @@ class PagedKVCache:
         self.k[:, dst] = self.k[:, src]  # (n_layers, block_size, Hkv, Dh)
         self.v[:, dst] = self.v[:, src]  # (n_layers, block_size, Hkv, Dh)
 
+    def paged_host_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(k, v) for a fused decode layer, which writes and attends as ``write`` and ``attend`` do
+        here - so None in a subclass that changes what a batch does to the cache (the device cache)."""
+        own = all(getattr(type(self), name) is getattr(PagedKVCache, name) for name in ("check", "write", "attend"))
+        return (self.k, self.v) if own else None
+
 
 
 class DevicePagedKVCache(PagedKVCache):

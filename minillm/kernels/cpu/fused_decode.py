@@ -68,20 +68,10 @@ def uses_package_kernels(ops, cache_ops) -> bool:
 # -----------------------------------------------------------------------------
 # the compiled layer
 
-def linear_rows(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
-    """x (T, cols) -> (T, rows) C-contiguous, by the kernel quant.qlinear runs for T <= MAX_ROWS
-    (quant_fp32 or quant_int8 ``matvec_rows_into``). Compiled code only (the fused layer calls it);
-    the last four arguments are compile-time constants."""
-    raise NotImplementedError("linear_rows runs inside compiled code only")
-
-
-@overload(linear_rows, prefer_literal=True)
-def _linear_rows_typed(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
-    """linear_rows for one activation mode: chosen here, when the caller is compiled, so that the
-    other mode's kernel is never compiled (Numba prunes a branch on a closure constant, not on a
-    literal argument)."""
-    exact = isa.literal_value == EXACT
-
+def linear_rows_for(exact: bool):
+    """linear_rows for one activation mode: x (T, cols) -> (T, rows) C-contiguous, by the kernel
+    quant.qlinear runs for T <= MAX_ROWS (quant_fp32 or quant_int8 ``matvec_rows_into``).
+    ``exact`` is a closure constant, so a compiled caller never compiles the other mode's kernel."""
     def linear_rows_impl(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
         padded = -(-rows // rows_per_group) * rows_per_group
         out = np.empty((x.shape[0], padded), dtype=np.float32)  # (T, padded rows)
@@ -92,6 +82,19 @@ def _linear_rows_typed(quants, scales, mins, x, rows, qtype_code, rows_per_group
         return out if padded == rows else np.ascontiguousarray(out[:, :rows])
 
     return linear_rows_impl
+
+
+def linear_rows(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
+    """The fused layer's linear. From Python (a test compares it with qlinear) each call retypes the
+    kernel for its constants (milliseconds); in compiled code the overload below picks the mode."""
+    return linear_rows_for(isa == EXACT)(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa)
+
+
+@overload(linear_rows, prefer_literal=True)
+def _linear_rows_typed(quants, scales, mins, x, rows, qtype_code, rows_per_group, tokens, isa):
+    """Chosen when the caller is compiled (Numba prunes a branch on a closure constant, not on a
+    literal argument)."""
+    return linear_rows_for(isa.literal_value == EXACT)
 
 
 @functools.cache
