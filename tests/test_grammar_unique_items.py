@@ -118,6 +118,42 @@ def test_random_walks_through_the_masks_end_valid(tokenizer, schema):
         jsonschema.Draft202012Validator(schema).validate(json.loads(text))
 
 
+UNIQUE_INTS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True}
+ALTERNATIVES = [
+    {"anyOf": [UNIQUE_INTS, {"type": "array", "items": {"type": "integer"}, "maxItems": 3}]},
+    {"anyOf": [UNIQUE_INTS, {"type": "array", "items": {"type": "string"}}]},
+    {"anyOf": [UNIQUE_INTS, {"type": "array", "items": {"type": "integer", "minimum": 1}, "uniqueItems": True}]},
+    {"type": "object", "properties": {"a": {"anyOf": [UNIQUE_INTS, {"type": "array", "maxItems": 2}]}}},
+]
+
+
+@pytest.mark.parametrize("schema", ALTERNATIVES)
+@pytest.mark.parametrize("value", [[1, 1], [1, 2], [1, 1, 1], [1, 1, 1, 1], [0, 1, 2, 3], [2, 1, 2], ["a", "a"], [],
+                                   [3, 3]])
+def test_an_option_beside_a_unique_array_keeps_what_it_allows(schema, value):
+    """anyOf: a duplicate ends only the parses that read a uniqueItems array; jsonschema decides."""
+    check = Uniqueness(Pushdown(schema_to_grammar(schema))).fullmatch
+    instance = {"a": value} if schema.get("type") == "object" else value
+    text = json.dumps(instance, separators=(",", ":"))
+    assert check(text.encode()) == jsonschema.Draft202012Validator(schema).is_valid(instance), text
+
+
+def test_the_mask_allows_a_duplicate_where_an_option_allows_it(tokenizer):
+    """The masks agree: after "[1," the item "1" may follow (the plain option), and a walk that
+    repeats items ends valid."""
+    schema = ALTERNATIVES[0]
+    index = grammar_index(JsonGrammar.of(schema), tokenizer)
+    guide = GrammarGuide(index)
+    for token in tokenizer.encode("[1,", add_bos=False):
+        guide.advance(token)
+    assert b"1" in {tokenizer.id_to_bytes[t] for t in guide.allowed()}
+    guide.advance(tokenizer.encode("1", add_bos=False)[0])
+    assert any(tokenizer.id_to_bytes[t].startswith(b"]") for t in guide.allowed())
+    rng = random.Random(1)
+    for max_tokens in (8, 12, 16, 24):
+        jsonschema.Draft202012Validator(schema).validate(json.loads(random_walk(index, rng, max_tokens)))
+
+
 def test_no_comma_when_no_fresh_value_is_left(tokenizer):
     """Both values used: a "," would open an item that can only repeat one, so only "]" may come;
     and after '"ab' the closing quote is out ("ab" is used) but 'c' is not."""

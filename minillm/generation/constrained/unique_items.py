@@ -24,6 +24,12 @@ set: the set changes at every step (the mask asks "what if the item ended here",
 so far as one more used value), and determinizing the union of a few long strings anew took
 milliseconds per token.
 
+The grammar may read the same bytes two ways - as a uniqueItems array and as another option of an
+anyOf (an array without uniqueItems, or of other items): then a duplicate, or a dead end, ends only
+the parses that read a uniqueItems array, and the others go on without the tracker. (Two different
+uniqueItems arrays as options are tracked as one: where one of them has no fresh value left, both
+end - narrower than the schema, never wider.)
+
 Which tokens need the tracker at all: those that hold a "," or "]" (they may end an item), those
 that open an array and go on past a "," (a "[" and a "," in one token), and those whose bytes keep
 the item's text a prefix of some used value's spelling (found by walking the vocabulary trie
@@ -212,6 +218,8 @@ class Uniqueness:
         self.tables = {r: spec.item.byte_table() for r, spec in self.specs.items()}        # each (S, 256)
         # the state right after "[" in each marked rule: a configuration there has just opened it
         self.entries = {int(pushdown.table[pushdown.rule_start[r], OPEN]): r for r in self.specs}
+        ends = np.append(pushdown.rule_start[1:], len(pushdown.table))
+        self.bounds = {r: (int(pushdown.rule_start[r]), int(ends[r])) for r in self.specs}   # rule -> its states
         self.values: dict[int, tuple[frozenset, bool]] = {}   # rule -> item values found so far, all? (_holds)
 
     def fullmatch(self, data: bytes) -> bool:
@@ -299,15 +307,35 @@ class Uniqueness:
 
     def walk(self, state: OpenArray | None, configs, data: bytes):
         """(configurations, tracker) after `data`; Rejected as in step, and when it stops where the
-        array cannot be finished."""
+        array cannot be finished - unless another parse reads the same bytes outside the array
+        (an anyOf option that is an array without uniqueItems): then that parse goes on alone."""
         for byte in data:
             configs = self.pushdown.step(configs, byte)
             if not configs:
                 break
-            state = self.step(state, configs, byte)
+            try:
+                state = self.step(state, configs, byte)
+            except Rejected as why:
+                configs, state = self._outside(state, configs, why)
         if not self.viable(state):
-            raise Rejected("every way to finish this uniqueItems array repeats an item")
+            configs, state = self._outside(state, configs, Rejected(
+                "every way to finish this uniqueItems array repeats an item"))
         return configs, state
+
+    def _in_unique_array(self, config) -> bool:
+        """Whether a configuration reads a uniqueItems array: at one of its states, or called from
+        one. Their items are scalars, so every such parse alive at a byte opened its array at the
+        same "[" and reads the same items: a duplicate for one is a duplicate for all."""
+        g, stack = config
+        return any(lo <= g < hi or any(lo <= r < hi for r in stack) for lo, hi in self.bounds.values())
+
+    def _outside(self, state: OpenArray, configs, why: Rejected):
+        """The configurations that read no uniqueItems array, the tracker closed - or `why`
+        raised when there are none."""
+        others = {c for c in configs if not self._in_unique_array(c)}
+        if not others:
+            raise why
+        return others, None
 
     # ---- masks -------------------------------------------------------------------------------
 
@@ -322,10 +350,12 @@ class Uniqueness:
             suspect = (vocabulary.leaving(state.rule, state.item)[ids]
                        | np.isin(ids, self._prefix_tokens(state, vocabulary.trie)))
         suspect &= ids != vocabulary.eos_id
+        # another parse beside the open array (anyOf): a byte the tracker refuses may still be its
+        alone = state is not None and all(self._in_unique_array(c) for c in configs)
         for k in np.flatnonzero(suspect):
             data = vocabulary.token_bytes[ids[k]]
             try:
-                if state is None or not self._tracked(state, data):
+                if not alone or not self._tracked(state, data):
                     self.walk(state, configs, data)
             except Rejected:
                 keep[k] = False

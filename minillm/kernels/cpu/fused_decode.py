@@ -109,8 +109,12 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
     def decoder_layer(x, attn_norm, qkv_q, qkv_s, qkv_m, wo_q, wo_s, wo_m, mlp_norm, gate_up_q, gate_up_s, gate_up_m,
                       down_q, down_s, down_m, q_norm, k_norm, k_caches, v_caches, layer,
                       n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, decode, block_tables,
-                      query_seq, query_keys, n_chunks, query_starts, context_lens, job_seq, job_t0, scale):
-        """x (T, D) -> (T, D), as layers.decoder_layer computes it; writes this layer's K/V.
+                      query_seq, query_keys, n_chunks, query_starts, context_lens, job_seq, job_t0, scale, out):
+        """out (T, D) = x (T, D) through the layer, as layers.decoder_layer computes it; writes this
+        layer's K/V. Into ``out``, not returned: a returned array is boxed through the function's
+        environment, which Numba restores by name when it loads a variant from its disk cache; a
+        run over a cache that several processes had filled failed there ("'descr' is NULL",
+        benchmarks/speculative.py), and writing into ``out`` needs no environment.
 
         k_caches, v_caches (n_layers, num_blocks, block_size, Hkv, Dh); q_norm, k_norm (Dh,) or
         empty (Llama); the rest describes the batch (DecodeStep)."""
@@ -151,7 +155,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         gate_up = linear_rows(gate_up_q, gate_up_s, gate_up_m, normed, 2 * ffn, gate_up_code, rows_per_group,
                               tokens, isa)                                                     # (T, 2F)
         hidden = swiglu_serial(np.ascontiguousarray(gate_up[:, :ffn]), np.ascontiguousarray(gate_up[:, ffn:]))
-        return h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
+        out[:] = h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
 
     return decoder_layer
 
@@ -241,4 +245,6 @@ class DecodeStep:
         """Layer ``layer`` on the hidden states x (T, D) -> (T, D); weights from ``layer_weights``."""
         (codes, rows_per_group, isa), arrays = weights
         kernel = layer_kernel(self.tokens, codes, rows_per_group, isa)
-        return kernel(x, *arrays, self.k_caches, self.v_caches, layer, *self.batch)
+        out = np.empty_like(x)  # (T, D)
+        kernel(x, *arrays, self.k_caches, self.v_caches, layer, *self.batch, out)
+        return out
