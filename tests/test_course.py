@@ -776,8 +776,8 @@ def test_source_share_and_solution_section_on_a_synthetic_notebook():
     assert solutions_outside_their_section(notebook) == [2]
     notebook["cells"].insert(2, {"cell_type": "markdown", "source": "## Solutions\n"})
     assert solutions_outside_their_section(notebook) == []
-    assert results_read('x = Path("../benchmarks/results/decode_zen5.json")\ncourse.committed_result("quant_quality")') \
-        == {"decode", "quant_quality"}
+    assert results_read('x = Path("../benchmarks/results/regression_zen5.json")\ncourse.committed_result("quant_quality")') \
+        == {"regression", "quant_quality"}
 
 
 @pytest.mark.parametrize("notebook_path", CHAPTERS, ids=lambda p: p.stem)
