@@ -19,8 +19,9 @@ on open-ended. Results: benchmarks/results/speculative.json.
 
     .venv/bin/python benchmarks/speculative.py --crossover [--activations int8]
 
-measures where speculation stops paying (``speculation_crossover``), the measurement behind a
-``disable_by_batch_size`` default: for each batch size B, one forward of B decode rows against one
+measures where speculation stops paying (``speculation_crossover``), offline, on the per-op path
+(the engine's own rule measures its own steps as it runs: runtime/speculative.py's
+``paying_draft_length``): for each batch size B, one forward of B decode rows against one
 verify forward of B sequences of k + 1 rows. A verify of a sequence yields on average
 ``tokens_per_verify`` tokens (1 + the mean accepted length; by default the one this file's last
 input-grounded single-stream run measured), so drafting pays at B while

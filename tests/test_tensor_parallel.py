@@ -158,8 +158,11 @@ def test_rank0_holds_only_its_shard(groups, oracles):
     assert weight_bytes(group.model.weights) < 0.6 * weight_bytes(oracles["smollm2"].weights)
 
 
-@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 4},
-                                  {"method": "self", "num_speculative_tokens": 3, "num_draft_layers": 22}],
+# disable_by_batch_size fixes the rule: every step of these two sequences drafts (the measured rule
+# would weigh step times first; this test is about both ranks running the drafts)
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 2},
+                                  {"method": "self", "num_speculative_tokens": 3, "num_draft_layers": 22,
+                                   "disable_by_batch_size": 2}],
                          ids=["ngram", "early-exit"])
 def test_speculation_on_2_ranks_gives_one_process_greedy_tokens(groups, oracles, model_paths, spec):
     """What LLM(tensor_parallel_size=2, speculative=spec) builds: the group's engine with a drafter.

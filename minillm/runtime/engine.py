@@ -285,6 +285,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """schedule -> execute -> update -> propose drafts: one forward, every sequence it advanced."""
+        start = time.perf_counter()  # the drafters weigh drafts against measured step times
         plan = self.scheduler.schedule()
         record = self._record(plan) if self.observers else None
         outputs = []
@@ -293,7 +294,7 @@ class LLMEngine:
             outputs = self.scheduler.update_from_output(plan, output, self._emit)
             outputs += [self._fail(seq, output.errors[seq.seq_id]) for seq in plan.sequences_in(output.errors)]
         if self.speculative is not None:
-            self.speculative.propose(plan, self.scheduler, self.runner)
+            self.speculative.propose(plan, self.scheduler, self.runner, time.perf_counter() - start)
         for observer in list(self.observers):
             observer(record, outputs)
         return outputs

@@ -13,6 +13,14 @@ EOS, logprobs), one at a time, so speculation changes how many tokens a step emi
 Speculative and plain sequences share one step: the batch is flat, and ``query_lens`` already lets
 a sequence bring several rows.
 
+Drafting pays only while a step of k + 1 rows per sequence costs less than the tokens it emits
+are worth. On a CPU one decode row is memory-bound (the weights are read once whatever the rows),
+many rows are compute-bound: a verify that costs 2x a plain step and keeps 1.5 tokens on average
+loses. So, unless the config fixes a rule (``disable_by_batch_size``), each step's drafts are cut
+to the length whose step the engine's own measured step times (``StepCosts``) and each sequence's
+measured acceptance by position expect to emit the most tokens per second - zero, no drafts, when
+a plain step is best. See ``SpeculativeDecoder.paying_draft_length``.
+
 Two drafters: ``"ngram"`` (prompt lookup, generation/speculative.py) and ``"self"`` - the model's
 first ``num_draft_layers`` layers and its LM head (early exit), run through the model runner (so
 every tensor-parallel rank runs them too), writing the K/V of those layers into lookahead slots
@@ -21,8 +29,11 @@ no second cache.
 """
 from __future__ import annotations
 
+import statistics
+import time
 import weakref
-from dataclasses import dataclass, fields
+from collections import deque
+from dataclasses import dataclass, field, fields
 
 from minillm.generation.speculative import NgramDrafter
 from minillm.runtime.model_runner import ModelRunner
@@ -40,10 +51,10 @@ class SpeculativeConfig:
     draft tokens were accepted less often than this stops drafting - wrong guesses cost rows.
 
     ``disable_by_batch_size`` (vLLM's name): no sequence drafts in a step that schedules more
-    sequences than this. A large batch has little spare arithmetic, and its k + 1 rows per
-    sequence also move every sequence of the step from the decode attention kernel to the
-    prefill one; measured on a 2-core CPU, 16 sequences decoded slower with drafts than without.
-    None: speculate at any batch size.
+    sequences than this, and below it every draft is verified whole. None (the default): the
+    engine decides each step from its own measured step times and acceptance (the module's
+    docstring) - a large batch has little spare arithmetic, so drafting stops by itself there, at
+    the batch size where this machine and model stop paying for it, not at a constant.
     """
     method: str
     num_speculative_tokens: int
@@ -123,6 +134,53 @@ class SeqRecord:
     drafted: int = 0
     accepted: int = 0
     disabled: bool = False
+    drafted_at: list[int] = field(default_factory=list)   # (k,) verifies whose draft reached position i
+    accepted_at: list[int] = field(default_factory=list)  # (k,) ... and kept it (and every one before it)
+
+    def expected_accepted(self, length: int) -> float:
+        """Draft tokens a verify of ``length`` of this sequence's guesses is expected to keep: the
+        sum over positions of the measured chance that every guess up to it is kept. A position
+        never verified counts as kept (optimism that makes the first drafts happen and be measured)."""
+        return sum(self.accepted_at[i] / self.drafted_at[i] if i < len(self.drafted_at) and self.drafted_at[i] else 1.0
+                   for i in range(length))
+
+
+class StepCosts:
+    """The engine's measured seconds for a decode step (schedule, forward, sampling, update), by the
+    rows it computed: one per sequence plus its draft tokens. A row count's first step is not kept
+    (it may compile kernels for a new shape); then the median of its last WINDOW steps. Between
+    measured row counts the cost is interpolated linearly; above the largest it is extrapolated
+    along the line through the smallest and the largest (a forward's arithmetic grows with its
+    rows), and unknown (None) while fewer than two row counts are measured.
+
+    Rows alone key it: a step of 8 sequences and one of 1 sequence with 7 guesses count as one
+    shape, though the first does a little more Python per sequence; the forward's cost dominates.
+    """
+    WINDOW = 4
+
+    def __init__(self):
+        self.samples: dict[int, deque[float]] = {}
+        self.first_seen: set[int] = set()
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows not in self.first_seen:
+            self.first_seen.add(rows)
+            return
+        self.samples.setdefault(rows, deque(maxlen=self.WINDOW)).append(seconds)
+
+    def seconds(self, rows: int) -> float | None:
+        if rows in self.samples:
+            return statistics.median(self.samples[rows])
+        below = [r for r in self.samples if r < rows]
+        above = [r for r in self.samples if r > rows]
+        if below and above:
+            lo, hi = max(below), min(above)
+        elif len(below) >= 2:
+            lo, hi = min(below), max(below)
+        else:
+            return None
+        t_lo, t_hi = self.seconds(lo), self.seconds(hi)
+        return t_hi + max(t_hi - t_lo, 0.0) * (rows - hi) / (hi - lo)
 
 
 class SpeculativeDecoder:
@@ -137,17 +195,22 @@ class SpeculativeDecoder:
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
         # weak keys: a sequence's record goes when the engine lets the sequence go
         self.records: weakref.WeakKeyDictionary[Sequence, SeqRecord] = weakref.WeakKeyDictionary()
+        self.costs = StepCosts()
+        self.draft_seconds_per_token = 0.0  # "self": the early-exit drafting, measured (ngram's lookup: ~0)
 
-    def propose(self, plan: SchedulerOutput, scheduler: Scheduler, runner: ModelRunner) -> None:
-        """Count the drafts ``plan`` verified, then give the running sequences drafts for the next step.
+    def propose(self, plan: SchedulerOutput, scheduler: Scheduler, runner: ModelRunner, step_seconds: float) -> None:
+        """Count the drafts ``plan`` verified and time its step, then give the running sequences
+        drafts for the next step.
 
         The drafts together stay within the next step's token budget (after one token per running
         sequence); none while more sequences than ``disable_by_batch_size`` run or wait, since the
-        next step may schedule all of them.
+        next step may schedule all of them; without that rule, cut to ``paying_draft_length``.
         """
         for s in plan.scheduled:
             if s.draft:
                 self._count(s.seq, len(s.draft), s.num_accepted)
+        if plan.scheduled and all(s.num_new == 1 + len(s.draft) for s in plan.scheduled):  # a decode step
+            self.costs.record(plan.num_tokens, step_seconds)
         limit = self.config.disable_by_batch_size
         if limit is not None and len(scheduler.running) + len(scheduler.waiting) > limit:
             return
@@ -157,18 +220,54 @@ class SpeculativeDecoder:
             if k > 0:
                 candidates.append((seq, k))
                 budget -= k
+        batch = len(scheduler.running)
         if self.config.method == "ngram":
-            for seq, k in candidates:
-                seq.draft_ids = self.ngram.propose(seq.token_ids, k)
+            drafts = [self.ngram.propose(seq.token_ids, k) for seq, k in candidates]
+            keep = self.paying_draft_length(batch, [(seq, len(d)) for (seq, _), d in zip(candidates, drafts)]) \
+                if limit is None else self.config.num_speculative_tokens
+            for (seq, _), draft in zip(candidates, drafts):
+                seq.draft_ids = draft[:keep]
             return
+        if limit is None:
+            keep = self.paying_draft_length(batch, candidates)
+            candidates = [(seq, min(k, keep)) for seq, k in candidates if keep]
         copies, seqs, ks = [], [], []
         for seq, k in candidates:   # early exit writes K/V for the newest token and k - 1 guesses
             if (more := scheduler.allocate_lookahead(seq, k)) is not None:
                 copies += more
                 seqs.append(seq)
                 ks.append(k)
-        for seq, draft in zip(seqs, runner.draft(seqs, ks, copies, self.config.num_draft_layers) if seqs else []):
+        if not seqs:
+            return
+        start = time.perf_counter()
+        for seq, draft in zip(seqs, runner.draft(seqs, ks, copies, self.config.num_draft_layers)):
             seq.draft_ids = draft
+        self.draft_seconds_per_token = (time.perf_counter() - start) / sum(ks)
+
+    def paying_draft_length(self, batch: int, drafts: list[tuple[Sequence, int]]) -> int:
+        """How many draft tokens each sequence brings to the next step (0 .. k): the length at which
+        that step is expected to emit the most tokens per second.
+
+        A step of ``batch`` sequences whose drafts are cut to c tokens computes rows(c) = batch +
+        sum(min(d, c)) rows and emits batch + the expected kept guesses (each sequence's measured
+        acceptance by position, ``SeqRecord.expected_accepted``); its seconds are the measured step
+        cost at rows(c) (``StepCosts``) plus the drafting. A shape not yet measured is measured
+        first: a plain step of this batch, then one with every draft whole.
+        """
+        longest = max((d for _, d in drafts), default=0)
+        plain = self.costs.seconds(batch)
+        if longest == 0 or plain is None:
+            return 0
+        if self.costs.seconds(batch + sum(d for _, d in drafts)) is None:
+            return longest  # only this batch's plain step is measured yet
+        best, best_rate = 0, batch / plain
+        for c in range(1, longest + 1):
+            guesses = sum(min(d, c) for _, d in drafts)
+            kept = sum(self.records.setdefault(seq, SeqRecord()).expected_accepted(min(d, c)) for seq, d in drafts)
+            seconds = self.costs.seconds(batch + guesses) + self.draft_seconds_per_token * guesses
+            if (batch + kept) / seconds > best_rate:
+                best, best_rate = c, (batch + kept) / seconds
+        return best
 
     def _room(self, seq: Sequence) -> int:
         """Draft tokens this sequence may take: 0 unless its next step is a plain decode that may speculate."""
@@ -191,5 +290,10 @@ class SpeculativeDecoder:
             st.accepted_per_pos[pos] += 1
         rec = self.records.setdefault(seq, SeqRecord())
         rec.drafts, rec.drafted, rec.accepted = rec.drafts + 1, rec.drafted + drafted, rec.accepted + accepted
+        if not rec.drafted_at:
+            rec.drafted_at, rec.accepted_at = [0] * self.config.num_speculative_tokens, [0] * self.config.num_speculative_tokens
+        for pos in range(drafted):
+            rec.drafted_at[pos] += 1
+            rec.accepted_at[pos] += pos < accepted
         if rec.drafts >= self.config.min_drafts and rec.accepted < self.config.min_acceptance_rate * rec.drafted:
             rec.disabled = True

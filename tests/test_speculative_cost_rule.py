@@ -1,0 +1,111 @@
+"""The measured rule that cuts drafts (runtime/speculative.py: StepCosts, paying_draft_length):
+its arithmetic against facts (a step whose cost grows with its rows as fast as the tokens it may
+emit never pays; a step whose cost does not grow pays for every guess that may be kept), its
+exploration, and the engine wired to it, with step costs given instead of timed."""
+import pytest
+
+from minillm.generation.sampling import SamplingParams
+from minillm.runtime.engine import LLMEngine
+from minillm.runtime.speculative import SeqRecord, SpeculativeConfig, SpeculativeDecoder, StepCosts
+from tests.test_speculative_engine import run, tiny  # noqa: F401  (tiny: the module's fixture)
+
+K = 4
+
+
+def costs_of(seconds: dict[int, float]) -> StepCosts:
+    costs = StepCosts()
+    for rows, s in seconds.items():
+        costs.record(rows, 99.0)  # a row count's first step (a compile) is not kept
+        costs.record(rows, s)
+    return costs
+
+
+def test_step_costs_drop_the_first_step_and_keep_the_median_of_the_last_ones():
+    costs = StepCosts()
+    costs.record(3, 50.0)
+    assert costs.seconds(3) is None
+    for s in (1.0, 9.0, 2.0, 3.0, 4.0):  # the window keeps the last four: 9, 2, 3, 4
+        costs.record(3, s)
+    assert costs.seconds(3) == 3.5
+
+
+def test_step_costs_interpolate_and_extrapolate_along_straight_lines():
+    costs = costs_of({2: 2.0, 6: 4.0})
+    assert costs.seconds(4) == 3.0
+    assert costs.seconds(10) == 6.0          # the line through the smallest and the largest
+    assert costs.seconds(1) is None          # below every measurement: unknown
+    assert costs_of({2: 2.0}).seconds(5) is None  # one row count says nothing about the slope
+
+
+def decoder(costs: StepCosts) -> SpeculativeDecoder:
+    d = SpeculativeDecoder(SpeculativeConfig(method="ngram", num_speculative_tokens=K), num_layers=2, max_model_len=64)
+    d.costs = costs
+    return d
+
+
+def record(accepted_at: list[int], drafted_at: list[int]) -> SeqRecord:
+    return SeqRecord(drafts=max(drafted_at), drafted=sum(drafted_at), accepted=accepted_at[0],
+                     drafted_at=drafted_at, accepted_at=accepted_at)
+
+
+def test_expected_accepted_is_the_measured_chance_by_position():
+    r = record(accepted_at=[8, 4, 0, 0], drafted_at=[8, 8, 8, 0])
+    assert r.expected_accepted(2) == 1.0 + 0.5
+    assert r.expected_accepted(3) == 1.5        # the third guess was never kept
+    assert r.expected_accepted(4) == 2.5        # the fourth never verified: counted as kept, so it is tried
+    assert SeqRecord().expected_accepted(3) == 3.0
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_step_that_costs_its_rows_never_pays(batch):
+    """Cost proportional to rows: a step emits at most one token per row, so tokens per second can
+    only fall with drafts, even if every guess is kept."""
+    d = decoder(costs_of({r: 0.01 * r for r in (batch, batch + 1, 4 * batch + batch)}))
+    seqs = [object.__new__(type("S", (), {"__weakref__": None})) for _ in range(batch)]
+    for s in seqs:
+        d.records[s] = record(accepted_at=[10] * K, drafted_at=[10] * K)
+    assert d.paying_draft_length(batch, [(s, K) for s in seqs]) == 0
+
+
+def test_a_step_whose_cost_does_not_grow_takes_every_guess_that_may_be_kept():
+    d = decoder(costs_of({1: 0.01, 1 + K: 0.01}))
+    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    d.records[seq] = record(accepted_at=[5, 5, 5, 0], drafted_at=[10, 10, 10, 10])
+    assert d.paying_draft_length(1, [(seq, K)]) == 3    # the fourth guess is never kept: it only adds rows
+    d.records[seq] = record(accepted_at=[0] * K, drafted_at=[10] * K)
+    assert d.paying_draft_length(1, [(seq, K)]) == 0    # guesses never kept: no drafts
+
+
+def test_unmeasured_shapes_are_measured_first():
+    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    assert decoder(StepCosts()).paying_draft_length(1, [(seq, K)]) == 0        # a plain step first
+    assert decoder(costs_of({1: 0.01})).paying_draft_length(1, [(seq, K)]) == K  # then one with every draft
+
+
+class GivenCosts(StepCosts):
+    """Step costs given as a function of rows; the engine's timings are ignored."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.given = seconds
+
+    def record(self, rows, seconds):
+        pass
+
+    def seconds(self, rows):
+        return self.given(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seconds, drafts", [(lambda rows: 1.0, True), (lambda rows: 0.01 * rows, False)],
+                         ids=["memory-bound", "compute-bound"])
+def test_the_engine_drafts_only_where_the_given_costs_pay(tiny, seconds, drafts):  # noqa: F811
+    _, model, tok = tiny
+    prompts = [[5, 17, 300, 17, 300, 17], [9, 40, 9, 40, 9, 40, 9], [7, 8, 7, 8, 7, 8]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine = LLMEngine(model, tok, speculative={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    engine.speculative.costs = GivenCosts(seconds)
+    outs, stats = run(engine, prompts, params)
+    assert (stats.spec_decode_num_drafts > 0) == drafts
+    plain, _ = run(LLMEngine(model, tok), prompts, params)
+    assert [o[0].token_ids for o in outs] == [o[0].token_ids for o in plain]
