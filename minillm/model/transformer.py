@@ -107,16 +107,17 @@ class Model:
         repacked for the SIMD matvec, alike.
         """
         ctx = self.context
+        paged = cache.paged_host_arrays()  # (k, v), each (n_layers, num_blocks, block_size, Hkv, Dh), or None
         if (meta.num_tokens > fused_decode.MAX_ROWS or decoder_layer is not PER_OP_FUNCTIONS["decoder_layer"]
                 or not per_op_functions_in_place() or ctx.all_reduce is not no_reduce
-                or cache.paged_host_arrays() is None or not fused_decode.uses_package_kernels(ctx.ops, cache.ops)
+                or paged is None or not fused_decode.uses_package_kernels(ctx.ops, cache.ops)
                 or x.dtype != np.float32 or not x.flags.c_contiguous):
             return None
         layers = self._fused_layers(num_layers)
         if layers is None:
             return None
         c = ctx.config
-        k_caches, v_caches = cache.paged_host_arrays()  # (n_layers, num_blocks, block_size, Hkv, Dh) each
+        k_caches, v_caches = paged
         step = fused_decode.DecodeStep(meta, k_caches, v_caches, num_layers, ctx.cos, ctx.sin, c.rope_style,
                                        c.rms_eps, _fused_dims(c))
         return step, layers
