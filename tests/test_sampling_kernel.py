@@ -8,7 +8,9 @@ test_sampling.py), and directly against transformers' warpers on a real-size voc
 - sample_rows: the token ``draw`` picks from the NumPy-filtered logits at the same uniform;
 - Sampler with seeds: the tokens of the NumPy pipeline with the same seeds (one uniform per row,
   drawn in the same order: the compiled path changes no RNG call);
-- apply_penalties: bit for bit the NumPy function.
+- apply_penalties: bit for bit the NumPy function;
+- exp_nonpositive (the kernel's vectorisable exp): within 1 ulp of np.exp on a dense sweep of
+  [-745, 0], and 0 exactly where np.exp is subnormal.
 """
 import numpy as np
 import pytest
@@ -66,6 +68,44 @@ def test_flat_rows_and_rows_far_apart():
             for k in (0, 3, 999):
                 args = (np.ones(1), np.zeros(1), np.array([k]), np.array([p]))
                 np.testing.assert_array_equal(compiled.filter_rows(x, *args), numpy_filtered(x, *args))
+
+
+def test_flat_rows_with_thousands_of_tokens_in_the_nucleus():
+    """Rows like a random-token prompt's on SmolLM2 (V = 49152, the nucleus at top_p 0.95 holds
+    thousands of tokens): the candidates then span many fine bins, and the cut bin is ranked alone."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4, 49152)) * np.array([1.0, 1.5, 2.0, 2.5])[:, None]).astype(np.float32)
+    temperature, min_p = np.full(4, 0.8), np.zeros(4)
+    for top_k, top_p in ((0, 0.95), (0, 0.5), (0, 0.999), (3000, 0.95), (20000, 1.0)):
+        args = (temperature, min_p, np.full(4, top_k), np.full(4, top_p))
+        want = numpy_filtered(x, *args)
+        if top_p == 0.95 and top_k == 0:
+            assert (np.isfinite(want).sum(axis=1) > 1000).all()  # the case this test is about
+        np.testing.assert_array_equal(compiled.filter_rows(x, *args), want)
+        for u in rng.random((5, 4)):
+            np.testing.assert_array_equal(compiled.sample_rows(x, *args, u), spec.draw(want, u))
+
+
+def test_exp_is_within_one_ulp_of_numpys():
+    d = np.concatenate([np.linspace(-745.0, 0.0, 4_000_001), -rng_uniform_ln2(), [0.0, -0.0, -1e-300]])
+    got = np.empty_like(d)
+    compiled.exp_rows(d, got)
+    want = np.exp(d)
+    normal = want >= 2.0 ** -1022
+    ulps = np.abs(got[normal].view(np.int64) - want[normal].view(np.int64))
+    assert ulps.max() <= 1
+    assert (got[~normal] == 0).all() and (~normal).any()
+    assert got[-3] == got[-2] == 1.0
+    out = np.empty(1)
+    compiled.exp_rows(np.array([-np.inf]), out)
+    assert out[0] == 0.0
+
+
+def rng_uniform_ln2():
+    """Reduced arguments |r| <= ln 2 / 2 (where the polynomial alone works) and just around n ln 2."""
+    rng = np.random.default_rng(1)
+    n = rng.integers(0, 1022, 100_000)
+    return np.abs(np.concatenate([rng.uniform(-0.35, 0.35, 100_000), n * np.log(2) + rng.uniform(-1e-9, 1e-9, n.size)]))
 
 
 def test_filtered_distribution_matches_transformers_on_a_real_vocabulary():

@@ -1,5 +1,5 @@
-"""Sampling's filters and draw over a (B, V) logits batch, compiled: one Numba pass per step instead
-of a chain of NumPy calls that each walk the vocabulary (and a sort for top-p).
+"""Sampling's filters and draw over a (B, V) logits batch, compiled: a few vectorised passes over
+each row instead of a chain of NumPy calls that each walk the vocabulary (and a sort for top-p).
 
 The specification is the NumPy pipeline in minillm/generation/sampling.py (``apply_penalties``,
 ``min_p_filter``, ``top_k_filter``, ``top_p_filter``, ``draw``; tests check those against
@@ -7,166 +7,377 @@ transformers' warpers and these kernels against them). The same semantics, in fl
 
     x / temperature -> min_p -> top_k -> top_p -> draw by inverting the CDF at u
 
-- x / temperature, its row max and exp(x - max) are computed by NumPy, as in the NumPy pipeline.
-- min_p keeps p_j >= min_p * p_max, i.e. exp(x_j - max) >= min_p: no normalising sum needed.
-- top_k and top_p without a sort of the vocabulary: one pass files every token in a histogram of
-  its distance to the largest logit (bins of 1/8 nat; the last bin holds everything 32 nats down),
-  counting tokens and adding their weights exp(x_j - max). Walking the bins from the top finds the
-  bin where the k-th token (or the mass top_p) is reached; only the tokens of that bin and those
-  above it - usually a few dozen - are gathered and sorted (largest first, ties to the lower id).
-  If rounding leaves the walk short of top_p, one more bin is taken. The filter is then one pass:
-  a token is kept if it ranks at or above the last kept one.
-- the draw adds the weights in id order, as ``numpy.cumsum`` does, over the same weights (the
-  maximum survives every filter), so the same uniform picks the same token as ``draw``.
+Per row (V = 49152 on SmolLM2; the row is read from memory once, then from the core's cache):
+- its max, by NumPy (SIMD): max(x) / T is max(x / T), as rounding a division is monotone.
+- one vectorised pass: e_j = x_j / T - top (NumPy's two roundings), w_j = exp(e_j), min_p's drops
+  (w_j < min_p, i.e. p_j < min_p * p_max: no normalising sum needed), and at once the total and the
+  masses (for top_p; the counts for top_k) of the tokens within 1, 2, 3, 4.5, 6.5 and 10 nats of
+  the top: masked sums, no scatter. Each threshold costs ~3 vector operations per 8 tokens
+  (measured on one row of SmolLM2 logits: ~28 us for the exp and the total alone, ~58 us with six
+  thresholds; eight took ~88 us, their sums no longer fitting the vector registers beside the exp's
+  constants - and keeping the exp's results in an L1 buffer between two loops was slower still).
+- the smallest of those distances whose mass reaches top_p * total (or count reaches top_k) bounds
+  the candidates; one scan gathers them (a raw-logit bound, then the exact test on the few it
+  passes). A peaked row has a handful; a flat one (a random-token prompt) up to ~10 000.
+- the candidates go into 256 fine bins of distance (a counting sort: ids stay ascending in a bin).
+  top_k: the bin holding the k-th token is ranked (largest first, ties to the lower id), every token
+  tied with the k-th stays. top_p: whole bins are taken while the mass before the next token stays
+  below top_p; only the bin where it crosses is ranked, and walked token by token (a token is kept
+  while the mass ranked above it is below top_p). If rounding leaves the candidates short of top_p,
+  the next distance's candidates are taken.
+- the draw adds the kept tokens' weights in id order, as ``numpy.cumsum`` does (dropped tokens
+  weigh 0 there and adding 0.0 changes no sum), so the same uniform picks the same token as ``draw``.
+
+Honest limits (rounding only; the tests compare kept sets and draws with the NumPy chain exactly):
+- ``exp_nonpositive`` is not np.exp bit for bit: within 1 ulp of it on [-708.39, 0] (a dense sweep
+  in the tests), and 0 below -708.39, where np.exp returns subnormals (< 2**-1022; a sum that holds
+  the top token's 1.0 cannot see them). A 1-ulp weight moves a sum by ~1e-16 relative: it changes a
+  kept set or a draw only when top_p or u * total lies that close to a cumulative mass; a subnormal
+  token (more than 708 nats below the top) can differ only at u == 0.
+- the total is summed in vector order (NumPy's sum is pairwise), and the mass above the cut bin is
+  added bin by bin in id order (the spec's cumsum adds in rank order): again a few ulps, which
+  decide only a token whose mass-before lies within them of top_p.
 
 Rows with no finite logit are left as they are (all -inf) and draw token 0, as ``draw`` does.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
-BINS_PER_NAT = 8
-HISTOGRAM_BINS = 32 * BINS_PER_NAT + 1  # the last one: every token 32 nats or more below the top
+# EXACT: every operation rounds as NumPy's does (exp_nonpositive's split of ln 2 and its 1.5 * 2**52
+# rounding trick must not be reassociated away). SUMS: additions may be reordered, so sums vectorise.
+# error_model="numpy": x / 0 gives inf; Python's model adds a zero test that stops vectorisation.
+EXACT = {"cache": True, "error_model": "numpy"}
+SUMS = {"cache": True, "error_model": "numpy", "fastmath": {"reassoc"}}
+
+# -----------------------------------------------------------------------------------------------
+# exp on float64, arithmetic only (so a loop over it vectorises: Numba calls libm's scalar exp)
+#   exp(d) = 2**n * exp(r),  n = round(d / ln 2),  r = d - n ln 2 in [-ln2/2, ln2/2]
+# ln 2 in two parts (the product n * LN2_HI is exact in the fma, LN2_LO restores the rest), exp(r) by
+# its Taylor polynomial to degree 13 (truncation < 4e-18 on |r| <= ln2/2) in fma Horner form, and
+# 2**n built as the bits of a float64 (exponent field n + 1023, mantissa 0).
+
+INV_LN2 = 1.4426950408889634
+LN2_HI = 0.6931471805599453          # ln 2 rounded to float64
+LN2_LO = 2.3190468138462996e-17      # ln 2 - LN2_HI
+ROUNDING_SHIFT = 6755399441055744.0  # 1.5 * 2**52: (d + it) - it is d rounded to an integer
+SMALLEST_NORMAL_EXP = -708.3964185322641  # -1022 ln 2: below it exp underflows into subnormals
+EXP_FLOOR = -746.0                   # inputs are clamped here, so n stays a valid exponent field
+TAYLOR = tuple(1.0 / np.prod(np.arange(1.0, k + 1)) for k in range(13, -1, -1))  # 1/13!, ..., 1/1!, 1/0!
 
 
-@njit(cache=True, inline="always")
-def _bin(distance):
-    """The histogram bin of a token ``distance`` nats below the largest logit (distance >= 0)."""
-    if distance >= HISTOGRAM_BINS - 1:  # also inf
-        return HISTOGRAM_BINS - 1
-    return min(int(distance * BINS_PER_NAT), HISTOGRAM_BINS - 1)
+@intrinsic
+def float64_from_bits(typingctx, bits):
+    """Reinterpret an int64's bits as a float64 (one no-op instruction)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
 
 
-@njit(cache=True)
-def _filter_row(x, weights, top, min_p, top_k, top_p, ids):
-    """One row: x (V,) float64 logits already divided by the temperature, weights (V,) their
-    exp(x - top), top = max(x) > -inf -> the number n of tokens top_k and top_p keep, their ids
-    ascending in ids[:n]; -1 when they keep every finite token. min_p's drops are written in place
-    (x = -inf, weight 0)."""
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma: one instruction, vectorisable)."""
+    def codegen(context, builder, signature, args):
+        f64 = ir.DoubleType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64, f64, f64]), "llvm.fma.f64")
+        return builder.call(fn, args)
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+@njit(**EXACT)
+def exp_nonpositive(d):
+    """exp(d) for d <= 0 (or -inf), within 1 ulp of np.exp; 0 where np.exp is subnormal (d < -708.39)."""
+    dc = d if d > EXP_FLOOR else EXP_FLOOR
+    n = (dc * INV_LN2 + ROUNDING_SHIFT) - ROUNDING_SHIFT
+    r = fma(n, -LN2_LO, fma(n, -LN2_HI, dc))
+    p = TAYLOR[0]
+    for c in TAYLOR[1:]:
+        p = fma(p, r, c)
+    scaled = p * float64_from_bits((np.int64(n) + 1023) << 52)
+    return scaled if d >= SMALLEST_NORMAL_EXP else 0.0
+
+
+@njit(**EXACT)
+def exp_rows(d, out):
+    """out = exp_nonpositive(d), elementwise over 1-D arrays (the tests check it against np.exp)."""
+    for i in range(d.shape[0]):
+        out[i] = exp_nonpositive(d[i])
+
+
+@njit(**EXACT)
+def _weight(x_j, temperature, top, min_p):
+    """A token's distance e = x_j / temperature - top (<= 0; -inf for a masked token) and weight
+    exp(e), both -inf / 0 when min_p drops it. One home for both, so every pass agrees on them."""
+    e = x_j / temperature - top
+    w = exp_nonpositive(e)
+    return (e, w) if w >= min_p else (-np.inf, 0.0)
+
+
+# -----------------------------------------------------------------------------------------------
+# The pass over the row: total and masses (or counts) within a few distances of the top
+
+DISTANCES = (1.0, 2.0, 3.0, 4.5, 6.5, 10.0)  # nats below the top; the nuclei measured on
+LEVELS = len(DISTANCES)                                 # SmolLM2 reach 0-10 nats at T = 0.8
+FINE_BINS = 256
+NO_SUMS = (0.0,) * LEVELS
+
+
+@njit(inline="always")
+def _add_within(sums, e, amount):
+    """sums[t] + amount where e >= -DISTANCES[t]: masked adds (a tuple stays in registers)."""
+    return (sums[0] + (amount if e >= -DISTANCES[0] else 0.0), sums[1] + (amount if e >= -DISTANCES[1] else 0.0),
+            sums[2] + (amount if e >= -DISTANCES[2] else 0.0), sums[3] + (amount if e >= -DISTANCES[3] else 0.0),
+            sums[4] + (amount if e >= -DISTANCES[4] else 0.0), sums[5] + (amount if e >= -DISTANCES[5] else 0.0))
+
+
+@njit(**SUMS)
+def _masses_within(x, temperature, top, min_p):
+    """(the total weight, the weight within each of DISTANCES) of the tokens min_p keeps."""
+    total, masses = 0.0, NO_SUMS
+    for j in range(x.shape[0]):
+        e, w = _weight(x[j], temperature, top, min_p)
+        total += w
+        masses = _add_within(masses, e, w)
+    return total, masses
+
+
+@njit(**SUMS)
+def _counts_within(x, temperature, top, min_p):
+    """(the number of finite tokens min_p keeps, the number within each of DISTANCES)."""
+    live, counts = 0.0, NO_SUMS
+    for j in range(x.shape[0]):
+        e, _ = _weight(x[j], temperature, top, min_p)
+        live += 1.0 if e > -np.inf else 0.0
+        counts = _add_within(counts, e, 1.0)
+    return live, counts
+
+
+@njit(**EXACT)
+def _first_level(sums, needed):
+    """The first of DISTANCES whose sum reaches ``needed``; LEVELS (every token) if none does."""
+    for level in range(LEVELS):
+        if sums[level] >= needed:
+            return level
+    return LEVELS
+
+
+# -----------------------------------------------------------------------------------------------
+# The candidates: gathered, binned finely, and cut
+
+
+@njit(**EXACT)
+def _gather(x, temperature, top, min_p, level, ids):
+    """The live tokens within DISTANCES[level] of the top (all live ones at LEVELS) -> (n, their
+    ids ascending in ids[:n], x / temperature (n,), e (n,), w (n,))."""
+    distance = DISTANCES[level] if level < LEVELS else np.inf
+    # a bound on the raw logit a little below the exact one (x / T - top >= -distance is monotone in x)
+    bound = temperature * (top - distance) - 1e-9 * temperature * (abs(top) + distance + 1.0)
+    n = 0
+    for j in range(x.shape[0]):  # branchless: the store is cheaper than a mispredicted jump on flat rows
+        ids[n] = j
+        n += x[j] >= bound
+    scaled, e, w = np.empty(n), np.empty(n), np.empty(n)
+    kept = 0
+    for i in range(n):
+        j = ids[i]
+        e_j, w_j = _weight(x[j], temperature, top, min_p)
+        if e_j > -np.inf and e_j >= -distance:
+            ids[kept], scaled[kept], e[kept], w[kept] = j, x[j] / temperature, e_j, w_j
+            kept += 1
+    return kept, scaled[:kept], e[:kept], w[:kept]
+
+
+@njit(**EXACT)
+def _fine_bins(e):
+    """Candidates' distances e (n,) -> (bin starts (FINE_BINS + 1,), candidate order (n,) grouped by
+    bin, nearest bin first): a counting sort into FINE_BINS equal bins over [min(e), 0], stable
+    (ascending ids within a bin). Equal logits share a bin, and bins keep the logits' order."""
+    n = e.shape[0]
+    lowest = e.min() if n else 0.0
+    scale = FINE_BINS / -lowest if lowest < 0 else 0.0
+    bins = np.empty(n, dtype=np.int64)
+    starts = np.zeros(FINE_BINS + 1, dtype=np.int64)
+    for i in range(n):
+        bins[i] = min(int(-e[i] * scale), FINE_BINS - 1)
+        starts[bins[i] + 1] += 1
+    for b in range(FINE_BINS):
+        starts[b + 1] += starts[b]
+    order = np.empty(n, dtype=np.int64)
+    filled = starts[:FINE_BINS].copy()
+    for i in range(n):
+        order[filled[bins[i]]] = i
+        filled[bins[i]] += 1
+    return starts, order
+
+
+@njit(**EXACT)
+def _ranked(members, scaled):
+    """Candidate indices ``members`` (ascending ids) by logit, largest first, ties to the lower id."""
+    return members[np.argsort(-scaled[members], kind="mergesort")]  # stable: ties keep ascending ids
+
+
+@njit(**EXACT)
+def _top_k(scaled, starts, order, top_k, keep):
+    """keep[i] = candidate i is at or above the k-th largest logit (ties with it stay)."""
+    b, seen = 0, 0
+    while seen + starts[b + 1] - starts[b] < top_k:
+        seen += starts[b + 1] - starts[b]
+        b += 1
+    kth = scaled[_ranked(order[starts[b]:starts[b + 1]], scaled)[top_k - seen - 1]]
+    for i in range(scaled.shape[0]):
+        keep[i] = scaled[i] >= kth
+
+
+@njit(**EXACT)
+def _top_p(scaled, w, total, starts, order, top_p, keep):
+    """Clear keep[i] for the candidates top_p drops: a token stays while the mass (w / total) ranked
+    above it is below top_p. Whole bins are added in id order; the bin where the mass crosses top_p
+    is ranked and walked. -> whether the cut was found (False: every candidate stays and the mass
+    is still short of top_p, so tokens beyond the candidates may stay too)."""
+    before, cut = 0.0, False
+    for b in range(FINE_BINS):
+        members = order[starts[b]:starts[b + 1]]  # a view: most bins are passed over without a copy
+        if cut:
+            keep[members] = False
+            continue
+        through = before
+        for i in members:
+            through += w[i] / total if keep[i] else 0.0
+        if through < top_p:
+            before = through
+            continue
+        for i in _ranked(members[keep[members]], scaled):
+            if before < top_p:
+                before += w[i] / total
+            else:
+                keep[i], cut = False, True
+        cut = cut or before >= top_p  # the bin's last token crossed top_p: the next one is dropped
+    return cut
+
+
+@njit(**EXACT)
+def _filter_row(x, temperature, top, min_p, top_k, top_p, ids, weights):
+    """One row (V,), top = max(x) / temperature > -inf -> the number n of tokens min_p, top_k and
+    top_p keep, their ids ascending in ids[:n] and weights exp(x / T - top) in weights[:n]; -1 when
+    top_k and top_p keep every token min_p keeps."""
     V = x.shape[0]
-    if min_p > 0:
-        for j in range(V):
-            if weights[j] < min_p:
-                x[j], weights[j] = -np.inf, 0.0
     use_k, use_p = 0 < top_k < V, top_p < 1
-    if not (use_k or use_p):
-        return -1
-    counts = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-    mass = np.zeros(HISTOGRAM_BINS)
-    finite, total = 0, 0.0
-    for j in range(V):
-        if x[j] > -np.inf:
-            b = _bin(top - x[j])
-            counts[b] += 1
-            mass[b] += weights[j]
-            finite += 1
-            total += weights[j]
-    use_k = use_k and top_k < finite  # fewer finite tokens than k: top_k drops nothing
-    if not (use_k or use_p):
-        return -1
-    # the bin where the walk from the top first reaches k tokens (top_k) or the mass top_p
-    cut, seen_count, seen_mass = 0, counts[0], mass[0]
-    while cut < HISTOGRAM_BINS - 1 and (seen_count < top_k if use_k else seen_mass < top_p * total):
-        cut += 1
-        seen_count += counts[cut]
-        seen_mass += mass[cut]
-    while True:
-        n = 0  # gather the candidates (ascending ids), then rank them: largest first, ties to the lower id
-        for j in range(V):
-            if x[j] > -np.inf and _bin(top - x[j]) <= cut:
-                ids[n] = j
-                n += 1
-        order = np.argsort(-x[ids[:n]], kind="mergesort")  # stable: equal logits keep ascending ids
-        ranked = ids[:n][order].copy()                     # (n,)
-        n_kept = n
-        kept_total = total
-        if use_k:  # every token tied with the k-th stays
-            kth = x[ranked[top_k - 1]]
-            n_kept, kept_total = 0, 0.0
-            while n_kept < n and x[ranked[n_kept]] >= kth:
-                kept_total += weights[ranked[n_kept]]
-                n_kept += 1
+    level, total = LEVELS, 0.0
+    if use_k:
+        live, counts = _counts_within(x, temperature, top, min_p)
+        use_k = top_k < live  # fewer live tokens than k: top_k drops nothing
+        level = _first_level(counts, top_k)
+    if not use_k:
         if not use_p:
-            break  # top_k alone keeps every tie of the k-th
-        before, i = 0.0, 0  # keep a token while the mass ranked above it is below top_p
-        while i < n_kept and before < top_p:
-            before += weights[ranked[i]] / kept_total
-            i += 1
-        if before >= top_p or use_k or n == finite or cut == HISTOGRAM_BINS - 1:
-            n_kept = i
+            return -1
+        total, masses = _masses_within(x, temperature, top, min_p)
+        level = _first_level(masses, top_p * total)
+    while True:
+        n, scaled, e, w = _gather(x, temperature, top, min_p, level, ids)
+        starts, order = _fine_bins(e)
+        keep = np.ones(n, dtype=np.bool_)
+        if use_k:
+            _top_k(scaled, starts, order, top_k, keep)
+            total = 0.0
+            for i in range(n):  # top_p normalises over the tokens top_k keeps
+                total += w[i] if keep[i] else 0.0
+        if not use_p or _top_p(scaled, w, total, starts, order, top_p, keep) or use_k or level == LEVELS:
             break
-        cut += 1  # rounding left the candidates' mass just short of top_p: take the next bin too
-    kept = ids[:n_kept]
-    kept[:] = np.sort(ranked[:n_kept])  # the kept tokens, in id order (the draw adds them that way)
+        level += 1  # rounding left the candidates' mass just short of top_p: take the next distance's too
+    n_kept = 0
+    for i in range(n):
+        if keep[i]:
+            ids[n_kept], weights[n_kept] = ids[i], w[i]
+            n_kept += 1
     return n_kept
 
 
-@njit(cache=True)
-def _draw_row(weights, kept, n_kept, u):
+@njit(**EXACT)
+def _draw_row(x, temperature, top, min_p, ids, weights, n_kept, u):
     """The first token whose running weight (added in id order, as numpy.cumsum adds) exceeds
-    u * the total: ``draw`` exactly, as the dropped tokens' weights are 0 and adding 0.0 changes
-    no sum. Only the n_kept tokens in ``kept`` when a filter chose them (n_kept >= 0), else all."""
-    V = weights.shape[0]
+    u * the total: ``draw`` exactly, up to exp's last ulp. Only the n_kept tokens in ids / weights
+    when a filter chose them (n_kept >= 0), else every token min_p keeps."""
+    if n_kept < 0:
+        n_kept = x.shape[0]
+        for j in range(n_kept):  # vectorises; the sums below cannot (their order is the answer)
+            ids[j] = j
+            weights[j] = _weight(x[j], temperature, top, min_p)[1]
     total = 0.0
-    for i in range(n_kept if n_kept >= 0 else V):
-        total += weights[kept[i] if n_kept >= 0 else i]
+    for i in range(n_kept):
+        total += weights[i]
     target = u * total
     cdf = 0.0
-    for i in range(n_kept if n_kept >= 0 else V):
-        j = kept[i] if n_kept >= 0 else i
-        cdf += weights[j]
+    for i in range(n_kept):
+        cdf += weights[i]
         if cdf > target:
-            return j
-    return V
+            return ids[i]
+    return x.shape[0]
 
 
-@njit(cache=True)
-def _rows_serial(x, weights, top, min_p, top_k, top_p, uniforms, out):
-    """Each row: filtered, then drawn when ``out`` has a slot per row, else written back with the
-    dropped tokens at -inf. One row: no threads to wake."""
-    ids = np.empty(x.shape[1], dtype=np.int64)  # (V,) scratch
+@njit(**EXACT)
+def _write_filtered(x, temperature, top, min_p, ids, n_kept, out):
+    """out (V,) = x / temperature with every token the filters drop at -inf."""
+    if n_kept < 0:
+        for j in range(x.shape[0]):
+            out[j] = x[j] / temperature if _weight(x[j], temperature, top, min_p)[0] > -np.inf else -np.inf
+        return
+    out[:] = -np.inf
+    for i in range(n_kept):
+        out[ids[i]] = x[ids[i]] / temperature
+
+
+@njit(**EXACT)
+def _rows_serial(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+    """Each row: filtered, then drawn into tokens when it has a slot per row, else written into
+    ``filtered`` (R, V). One row: no threads to wake."""
+    V = x.shape[1]
+    ids, weights = np.empty(V, dtype=np.int64), np.empty(V)  # (V,) scratch, reused by every row
     for r in range(x.shape[0]):
         if top[r] == -np.inf:  # no finite logit: nothing to filter, and draw's answer is 0
-            if out.shape[0]:
-                out[r] = 0
+            if tokens.shape[0]:
+                tokens[r] = 0
+            else:
+                filtered[r, :] = -np.inf
             continue
-        n_kept = _filter_row(x[r], weights[r], top[r], min_p[r], top_k[r], top_p[r], ids)
-        if out.shape[0]:
-            out[r] = _draw_row(weights[r], ids, n_kept, uniforms[r])
-        elif n_kept >= 0:
-            values = x[r][ids[:n_kept]]
-            x[r, :] = -np.inf
-            x[r][ids[:n_kept]] = values
+        n_kept = _filter_row(x[r], temperature[r], top[r], min_p[r], top_k[r], top_p[r], ids, weights)
+        if tokens.shape[0]:
+            tokens[r] = _draw_row(x[r], temperature[r], top[r], min_p[r], ids, weights, n_kept, uniforms[r])
+        else:
+            _write_filtered(x[r], temperature[r], top[r], min_p[r], ids, n_kept, filtered[r])
 
 
 @njit(cache=True, parallel=True)
-def _rows_parallel(x, weights, top, min_p, top_k, top_p, uniforms, out):
+def _rows_parallel(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
     for r in prange(x.shape[0]):
-        _rows_serial(x[r:r + 1], weights[r:r + 1], top[r:r + 1], min_p[r:r + 1], top_k[r:r + 1], top_p[r:r + 1],
-                     uniforms[r:r + 1], out[r:r + 1] if out.shape[0] else out)
+        _rows_serial(x[r:r + 1], temperature[r:r + 1], top[r:r + 1], min_p[r:r + 1], top_k[r:r + 1],
+                     top_p[r:r + 1], uniforms[r:r + 1], tokens[r:r + 1] if tokens.shape[0] else tokens,
+                     filtered[r:r + 1] if filtered.shape[0] else filtered)
 
 
 def _run(logits, temperature, min_p, top_k, top_p, uniforms, draws: bool):
-    """x / temperature, its row max and exp(x - max) in NumPy (the operations the NumPy pipeline
-    runs, vectorised: Numba's scalar exp is 6x slower here), the rest in the kernel."""
+    """The row maxima in NumPy (SIMD, and the first read of the logits), the rest in the kernel.
+    float32 and float64 logits are read as they are: no float64 copy of the batch."""
     raw = np.asarray(logits)
     if raw.ndim != 2:
         raise ValueError(f"logits must be (rows, vocab), got shape {raw.shape}")
-    rows = raw.shape[:1]
+    raw = np.ascontiguousarray(raw if raw.dtype in (np.float32, np.float64) else raw.astype(np.float64))
+    rows, V = raw.shape
 
     def per_row(a, dtype):
-        return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype=dtype), rows))
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype=dtype), (rows,)))
 
-    x = np.ascontiguousarray(raw / per_row(temperature, np.float64)[:, None], dtype=np.float64)  # (R, V)
-    top = x.max(axis=1)                                                                            # (R,)
-    with np.errstate(invalid="ignore"):  # a row of -inf only: nan weights, never read
-        weights = np.exp(x - top[:, None])                                                         # (R, V)
-    out = np.empty(rows[0] if draws else 0, dtype=np.int64)
-    kernel = _rows_parallel if rows[0] > 1 else _rows_serial
-    kernel(x, weights, top, per_row(min_p, np.float64), per_row(top_k, np.int64), per_row(top_p, np.float64),
-           per_row(0.0 if uniforms is None else uniforms, np.float64), out)
-    return x, out
+    temperature = per_row(temperature, np.float64)
+    top = raw.max(axis=1) / temperature  # (R,) float64: max(x / T), as rounding a division is monotone
+    tokens = np.empty(rows if draws else 0, dtype=np.int64)
+    filtered = np.empty((0 if draws else rows, V))
+    kernel = _rows_parallel if rows > 1 else _rows_serial
+    kernel(raw, temperature, top, per_row(min_p, np.float64), per_row(top_k, np.int64), per_row(top_p, np.float64),
+           per_row(0.0 if uniforms is None else uniforms, np.float64), tokens, filtered)
+    return filtered, tokens
 
 
 def filter_rows(logits: np.ndarray, temperature, min_p, top_k, top_p) -> np.ndarray:
