@@ -48,12 +48,14 @@ def record(accepted_at: list[int], drafted_at: list[int]) -> SeqRecord:
                      drafted_at=drafted_at, accepted_at=accepted_at)
 
 
-def test_expected_accepted_is_the_measured_chance_by_position():
-    r = record(accepted_at=[8, 4, 0, 0], drafted_at=[8, 8, 8, 0])
-    assert r.expected_accepted(2) == 1.0 + 0.5
-    assert r.expected_accepted(3) == 1.5        # the third guess was never kept
-    assert r.expected_accepted(4) == 2.5        # the fourth never verified: counted as kept, so it is tried
-    assert SeqRecord().expected_accepted(3) == 3.0
+def test_expected_accepted_leans_on_the_prior_first_and_on_the_sequence_later():
+    prior = [0.5, 0.4, 0.3, 0.2]
+    assert SeqRecord().expected_accepted(3, prior) == pytest.approx(0.5 + 0.4 + 0.3)   # no verify yet: the prior
+    always = record(accepted_at=[10_000] * K, drafted_at=[10_000] * K)
+    assert always.expected_accepted(K, prior) == pytest.approx(K, rel=1e-3)          # a long history: its own
+    once_missed = record(accepted_at=[1, 0, 0, 0], drafted_at=[1, 1, 0, 0])
+    assert 0 < once_missed.expected_accepted(2, prior) < 0.5 + 0.4 + 1                 # one miss shuts nothing
+    assert once_missed.expected_accepted(2, prior) > SeqRecord().expected_accepted(1, prior)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -68,12 +70,21 @@ def test_a_step_that_costs_its_rows_never_pays(batch):
 
 
 def test_a_step_whose_cost_does_not_grow_takes_every_guess_that_may_be_kept():
-    d = decoder(costs_of({1: 0.01, 1 + K: 0.01}))
     seq = object.__new__(type("S", (), {"__weakref__": None}))
-    d.records[seq] = record(accepted_at=[5, 5, 5, 0], drafted_at=[10, 10, 10, 10])
-    assert d.paying_draft_length(1, [(seq, K)]) == 3    # the fourth guess is never kept: it only adds rows
+    d = decoder(costs_of({1: 0.01, 1 + K: 0.01}))
+    d.records[seq] = record(accepted_at=[5, 5, 5, 1], drafted_at=[10, 10, 10, 10])
+    assert d.paying_draft_length(1, [(seq, K)]) == K    # free rows: any chance of a kept guess pays
+
+
+def test_guesses_that_are_never_kept_are_not_drafted_when_rows_cost_something():
+    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    d = decoder(costs_of({1: 0.0100, 1 + K: 0.0100 + 0.001 * K}))   # a row costs a tenth of a step
+    d.stats.accepted_per_pos, d.drafted_at = [0] * K, [100] * K       # no sequence's guess was ever kept
     d.records[seq] = record(accepted_at=[0] * K, drafted_at=[10] * K)
-    assert d.paying_draft_length(1, [(seq, K)]) == 0    # guesses never kept: no drafts
+    assert d.paying_draft_length(1, [(seq, K)]) == 0
+    d.stats.accepted_per_pos = [90, 80, 70, 60]                        # ... and where they usually are
+    d.records[seq] = record(accepted_at=[9, 8, 7, 6], drafted_at=[10] * K)
+    assert d.paying_draft_length(1, [(seq, K)]) == K
 
 
 def test_unmeasured_shapes_are_measured_first():

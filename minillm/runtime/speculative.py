@@ -128,6 +128,9 @@ class SpecStats:
     accepted_per_pos: list[int] | None = None  # (k,) accepted draft tokens at each draft position
 
 
+PRIOR_WEIGHT = 4  # verifies' worth of the all-sequences acceptance in each sequence's estimate
+
+
 @dataclass
 class SeqRecord:
     drafts: int = 0
@@ -137,12 +140,16 @@ class SeqRecord:
     drafted_at: list[int] = field(default_factory=list)   # (k,) verifies whose draft reached position i
     accepted_at: list[int] = field(default_factory=list)  # (k,) ... and kept it (and every one before it)
 
-    def expected_accepted(self, length: int) -> float:
+    def expected_accepted(self, length: int, prior: list[float]) -> float:
         """Draft tokens a verify of ``length`` of this sequence's guesses is expected to keep: the
-        sum over positions of the measured chance that every guess up to it is kept. A position
-        never verified counts as kept (optimism that makes the first drafts happen and be measured)."""
-        return sum(self.accepted_at[i] / self.drafted_at[i] if i < len(self.drafted_at) and self.drafted_at[i] else 1.0
-                   for i in range(length))
+        sum over positions of the chance that every guess up to it is kept - this sequence's
+        counts, with PRIOR_WEIGHT verifies' worth of ``prior`` (the chances over every sequence),
+        so that a few verifies neither decide alone nor shut a position for good."""
+        total = 0.0
+        for i in range(length):
+            kept, verified = (self.accepted_at[i], self.drafted_at[i]) if i < len(self.drafted_at) else (0, 0)
+            total += (kept + PRIOR_WEIGHT * prior[i]) / (verified + PRIOR_WEIGHT)
+        return total
 
 
 class StepCosts:
@@ -196,6 +203,7 @@ class SpeculativeDecoder:
         # weak keys: a sequence's record goes when the engine lets the sequence go
         self.records: weakref.WeakKeyDictionary[Sequence, SeqRecord] = weakref.WeakKeyDictionary()
         self.costs = StepCosts()
+        self.drafted_at = [0] * config.num_speculative_tokens  # (k,) verifies, all sequences, whose draft reached position i
         self.draft_seconds_per_token = 0.0  # "self": the early-exit drafting, measured (ngram's lookup: ~0)
 
     def propose(self, plan: SchedulerOutput, scheduler: Scheduler, runner: ModelRunner, step_seconds: float) -> None:
@@ -221,16 +229,17 @@ class SpeculativeDecoder:
                 candidates.append((seq, k))
                 budget -= k
         batch = len(scheduler.running)
+        keep = self.paying_draft_length(batch, candidates) if limit is None else self.config.num_speculative_tokens
+        if keep == 0:
+            return  # not even every sequence drafting at its longest would pay: no lookups, no early exits
         if self.config.method == "ngram":
             drafts = [self.ngram.propose(seq.token_ids, k) for seq, k in candidates]
-            keep = self.paying_draft_length(batch, [(seq, len(d)) for (seq, _), d in zip(candidates, drafts)]) \
-                if limit is None else self.config.num_speculative_tokens
+            if limit is None:  # the lookups may find shorter drafts, or none: weigh those
+                keep = self.paying_draft_length(batch, [(seq, len(d)) for (seq, _), d in zip(candidates, drafts)])
             for (seq, _), draft in zip(candidates, drafts):
                 seq.draft_ids = draft[:keep]
             return
-        if limit is None:
-            keep = self.paying_draft_length(batch, candidates)
-            candidates = [(seq, min(k, keep)) for seq, k in candidates if keep]
+        candidates = [(seq, min(k, keep)) for seq, k in candidates]
         copies, seqs, ks = [], [], []
         for seq, k in candidates:   # early exit writes K/V for the newest token and k - 1 guesses
             if (more := scheduler.allocate_lookahead(seq, k)) is not None:
@@ -250,7 +259,7 @@ class SpeculativeDecoder:
 
         A step of ``batch`` sequences whose drafts are cut to c tokens computes rows(c) = batch +
         sum(min(d, c)) rows and emits batch + the expected kept guesses (each sequence's measured
-        acceptance by position, ``SeqRecord.expected_accepted``); its seconds are the measured step
+        acceptance by position, ``SeqRecord.expected_accepted``, leaning on every sequence's at first); its seconds are the measured step
         cost at rows(c) (``StepCosts``) plus the drafting. A shape not yet measured is measured
         first: a plain step of this batch, then one with every draft whole.
         """
@@ -260,10 +269,12 @@ class SpeculativeDecoder:
             return 0
         if self.costs.seconds(batch + sum(d for _, d in drafts)) is None:
             return longest  # only this batch's plain step is measured yet
+        # the chance each position is kept, over every sequence; 1 before any verify, so that the first drafts are tried
+        prior = [(kept + 1) / (verified + 1) for kept, verified in zip(self.stats.accepted_per_pos, self.drafted_at)]
         best, best_rate = 0, batch / plain
         for c in range(1, longest + 1):
             guesses = sum(min(d, c) for _, d in drafts)
-            kept = sum(self.records.setdefault(seq, SeqRecord()).expected_accepted(min(d, c)) for seq, d in drafts)
+            kept = sum(self.records.setdefault(seq, SeqRecord()).expected_accepted(min(d, c), prior) for seq, d in drafts)
             seconds = self.costs.seconds(batch + guesses) + self.draft_seconds_per_token * guesses
             if (batch + kept) / seconds > best_rate:
                 best, best_rate = c, (batch + kept) / seconds
@@ -288,6 +299,8 @@ class SpeculativeDecoder:
         st.num_accepted_tokens += accepted
         for pos in range(accepted):
             st.accepted_per_pos[pos] += 1
+        for pos in range(drafted):
+            self.drafted_at[pos] += 1
         rec = self.records.setdefault(seq, SeqRecord())
         rec.drafts, rec.drafted, rec.accepted = rec.drafts + 1, rec.drafted + drafted, rec.accepted + accepted
         if not rec.drafted_at:
