@@ -224,7 +224,7 @@ def contenders() -> list[Contender]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 + 1 prompts, 24 tokens, 1 repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--crossover", action="store_true",
                         help="measure the batch size where speculation stops paying (in this process)")
@@ -237,8 +237,9 @@ def main() -> None:
     grounded, open_ended = (GROUNDED[:2], OPEN[:1]) if args.quick else (GROUNDED, OPEN)
     max_tokens, repeats = (24, 1) if args.quick else (96, args.repeats)
     workers = {w.name: w for w in start_workers(contenders(), "native", args.threads)}
-    for worker in workers.values():  # compile and warm every path (prefill, decode, verify) before timing
-        worker.call("run", prompts=GROUNDED[:1], max_tokens=8, concurrency=1)
+    for worker in workers.values():  # compile and warm every path (prefill, decode, verify) before timing,
+        for concurrency in (1, 8):    # the batched rows' kernels (up to 8 x 5 rows) too
+            worker.call("run", prompts=GROUNDED[:concurrency], max_tokens=24, concurrency=concurrency)
     results = {"k": K, "max_tokens": max_tokens, "repeats": repeats, "quick": args.quick, "workloads": {}}
     try:
         for workload, prompts in (("input-grounded", grounded), ("open-ended", open_ended)):
