@@ -51,7 +51,10 @@ SPECULATE_PROMPT = "one two three four five one two three four five one two thre
 ENGINE_BLOCK_SIZE = 4    # small blocks: a sequence needs new ones as it decodes, so the scheduler
 # preempts when the budget - one and a half sequences' worth, for three sequences - runs out
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=0)
-SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4}
+# disable_by_batch_size: the fixed rule (one sequence: every draft verified whole), so that every step
+# of the speculative runs drafts and runs the learner's acceptance rules; the engine's default rule
+# would weigh measured step times first, and might keep a short run plain
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 1}
 SPECULATE_SAMPLED = dict(temperature=0.8, top_k=1, seed=0)   # one token per target distribution: see above
 CONSTRAINED_PROMPT = "Is Paris the capital of France? Answer with one word, yes, no or maybe:"
 CONSTRAINED_REGEX = "(yes|no|maybe)"
