@@ -44,8 +44,7 @@ def decoder(costs: StepCosts) -> SpeculativeDecoder:
 
 
 def record(accepted_at: list[int], drafted_at: list[int]) -> SeqRecord:
-    return SeqRecord(drafts=max(drafted_at), drafted=sum(drafted_at), accepted=accepted_at[0],
-                     drafted_at=drafted_at, accepted_at=accepted_at)
+    return SeqRecord(drafted_at=drafted_at, accepted_at=accepted_at)
 
 
 def test_expected_accepted_leans_on_the_prior_first_and_on_the_sequence_later():

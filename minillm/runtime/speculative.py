@@ -133,9 +133,6 @@ PRIOR_WEIGHT = 4  # verifies' worth of the all-sequences acceptance in each sequ
 
 @dataclass
 class SeqRecord:
-    drafts: int = 0
-    drafted: int = 0
-    accepted: int = 0
     disabled: bool = False
     drafted_at: list[int] = field(default_factory=list)   # (k,) verifies whose draft reached position i
     accepted_at: list[int] = field(default_factory=list)  # (k,) ... and kept it (and every one before it)
@@ -302,11 +299,11 @@ class SpeculativeDecoder:
         for pos in range(drafted):
             self.drafted_at[pos] += 1
         rec = self.records.setdefault(seq, SeqRecord())
-        rec.drafts, rec.drafted, rec.accepted = rec.drafts + 1, rec.drafted + drafted, rec.accepted + accepted
         if not rec.drafted_at:
             rec.drafted_at, rec.accepted_at = [0] * self.config.num_speculative_tokens, [0] * self.config.num_speculative_tokens
         for pos in range(drafted):
             rec.drafted_at[pos] += 1
             rec.accepted_at[pos] += pos < accepted
-        if rec.drafts >= self.config.min_drafts and rec.accepted < self.config.min_acceptance_rate * rec.drafted:
+        verifies = rec.drafted_at[0]  # every draft reaches position 0
+        if verifies >= self.config.min_drafts and sum(rec.accepted_at) < self.config.min_acceptance_rate * sum(rec.drafted_at):
             rec.disabled = True
