@@ -20,8 +20,11 @@ bytes for qmatvec, 4 bytes per weight for fp32), and speedups (> 1: qmatvec is f
 
 Then the batch: T rows at once (T decode streams, or a prefill), one matrix (cached), for the two
 paths `quant.qlinear` chooses between - qmatvec once per row, and qmatmul (each weight decoded once
-into a tile, multiplied by all T rows) - and BLAS's fp32 x @ W.T. Reported: microseconds, GFLOP/s
-(2 T rows cols flops), and qmatmul's speedup over both. The crossover sets quant.MATVEC_ROWS_MAX_T.
+into a tile, multiplied by all T rows), on the GGUF blocks and on the repacked weights the engine
+loads - and BLAS's fp32 x @ W.T. Reported: microseconds, GFLOP/s (2 T rows cols flops), qmatmul's
+speedup over both, and the repacked qmatmul's share of the FMA peak that minillm's process
+measures (minillm.hardware.microbench.fma_flops, the same threads). The crossover sets
+quant.MATVEC_ROWS_MAX_T.
 Results: benchmarks/results/quant_matvec.json.
 
 Each of the three turns reports its best sample, not its median: noise only ever makes a sample
@@ -57,7 +60,7 @@ CASES = [  # name, rows (out), cols (in), format (as SmolLM2-135M's Q4_1 file st
     ("lm_head", _C.vocab_size, _C.hidden_size, "Q8_0"),
 ]
 BATCH_CASES = [CASES[0], CASES[1]]  # the FFN shapes, where most of a forward's flops go
-BATCH_SIZES = (1, 2, 3, 4, 8, 16, 64)
+BATCH_SIZES = (1, 2, 3, 4, 8, 16, 64, 256)
 SIDES = ("minillm", "blas")
 
 
@@ -123,8 +126,16 @@ class Kernels:
         return {"qmatvec": best_seconds(cycling(lambda m: quant.qmatvec(x, m), packed), n_q, samples),
                 "numba_fp32": best_seconds(cycling(lambda m: cpu.linear(x[None, :], m), fp32), n_f, samples)}
 
+    def fma_peak_gflops(self) -> float:
+        import numba
+
+        from minillm.hardware.microbench import fma_flops
+
+        return fma_flops(threads=numba.get_num_threads()).gflops
+
     def batched(self, rows: int, cols: int, qtype: str, T: int, samples: int) -> dict:
         from minillm.kernels.cpu import quant
+        from minillm.kernels.cpu.quant_repack import repack
 
         rng = np.random.default_rng(T)
         qm = quant.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qtype)
@@ -132,8 +143,10 @@ class Kernels:
         x = rng.standard_normal((T, cols)).astype(np.float32)  # (T, cols)
         if self.side == "blas":
             return {"blas_matmul": best_seconds(lambda: x @ w32.T, 1, samples)}
+        repacked = repack(qm)
         return {"qmatvec_per_row": best_seconds(lambda: [quant.qmatvec(row, qm) for row in x], 1, samples),
-                "qmatmul": best_seconds(lambda: quant.qmatmul(x, qm), 1, samples)}
+                "qmatmul": best_seconds(lambda: quant.qmatmul(x, qm), 1, samples),
+                "qmatmul_repacked": best_seconds(lambda: quant.qmatmul(x, repacked), 1, samples)}
 
 
 def side_by_side(workers: dict, method: str, **kwargs) -> dict[str, float]:
@@ -155,7 +168,7 @@ def matvec_row(workers, name, rows, cols, qtype, regime, samples, overflow) -> d
     return result
 
 
-def batched_row(workers, name, rows, cols, qtype, T, samples) -> dict:
+def batched_row(workers, name, rows, cols, qtype, T, samples, fma_peak: float) -> dict:
     seconds = side_by_side(workers, "batched", rows=rows, cols=cols, qtype=qtype, T=T, samples=samples)
     flops = 2 * T * rows * cols
     result = {"case": name, "shape": [rows, cols], "format": qtype, "T": T}
@@ -163,6 +176,7 @@ def batched_row(workers, name, rows, cols, qtype, T, samples) -> dict:
         result[contender] = {"us": s * 1e6, "gflops": flops / s / 1e9}
     result["qmatmul_speedup_vs_qmatvec_per_row"] = seconds["qmatvec_per_row"] / seconds["qmatmul"]
     result["qmatmul_speedup_vs_blas_matmul"] = seconds["blas_matmul"] / seconds["qmatmul"]
+    result["qmatmul_repacked_share_of_fma_peak"] = result["qmatmul_repacked"]["gflops"] / fma_peak
     return result
 
 
@@ -188,21 +202,25 @@ def main():
                   f"{r['numba_fp32']['us']:14.1f} {r['blas_gemv']['us']:13.1f} {r['speedup_vs_blas_gemv']:7.2f}x "
                   f"{r['speedup_vs_numba_fp32']:8.2f}x")
     batched = []
-    print(f"\n{'case':<12} {'T':>3} {'qmatvec per row us':>19} {'qmatmul us (GFLOP/s)':>21} {'BLAS matmul us':>15} "
-          f"{'vs per row':>11} {'vs BLAS':>8}")
+    fma_peak = statistics.median(workers["minillm"].call("fma_peak_gflops")[0] for _ in range(TURNS))
+    print(f"\nFMA peak of minillm's process: {fma_peak:.0f} GFLOP/s")
+    print(f"{'case':<12} {'T':>3} {'qmatvec per row us':>19} {'qmatmul us (GFLOP/s)':>21} {'repacked us (GFLOP/s, peak)':>28} "
+          f"{'BLAS matmul us':>15} {'vs per row':>11} {'vs BLAS':>8}")
     for name, rows, cols, qtype in BATCH_CASES:
         for T in BATCH_SIZES:
-            r = batched_row(workers, name, rows, cols, qtype, T, samples)
+            r = batched_row(workers, name, rows, cols, qtype, T, samples, fma_peak)
             batched.append(r)
+            rq = r["qmatmul_repacked"]
             print(f"{name:<12} {T:>3} {r['qmatvec_per_row']['us']:19.1f} {r['qmatmul']['us']:12.1f} "
-                  f"({r['qmatmul']['gflops']:5.1f}) {r['blas_matmul']['us']:15.1f} "
+                  f"({r['qmatmul']['gflops']:5.1f}) {rq['us']:12.1f} ({rq['gflops']:5.1f}, "
+                  f"{r['qmatmul_repacked_share_of_fma_peak']:4.0%}) {r['blas_matmul']['us']:15.1f} "
                   f"{r['qmatmul_speedup_vs_qmatvec_per_row']:10.2f}x {r['qmatmul_speedup_vs_blas_matmul']:7.2f}x")
     stamps = {name: w.stamp for name, w in workers.items()}
     for worker in workers.values():
         worker.close()
     save_result("quant_matvec", {"quick": args.quick, "isa": args.isa, "threads": threads, "turns": TURNS,
                                  "samples_per_turn": samples, "stamps": stamps, "cases": results,
-                                 "batched": batched}, args.out)
+                                 "fma_peak_gflops": fma_peak, "batched": batched}, args.out)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ from numba import njit, prange
 
 from minillm.kernels.cpu import quant_fp32
 from minillm.kernels.cpu import quant_int8
-from minillm.kernels.cpu.matmul_ladder import matmul_nt_into
 from minillm.kernels.quant_formats import (  # noqa: F401 - the public names, and two chapter 04 shows
     BLOCK_BYTES, BLOCK_SIZE, QTYPES, QMatrix, _quantize_q4_1, _unpack_nibbles, dequantize_q4_0,
     dequantize_q4_1, dequantize_q8_0, dequantize_reference, quantize,
 )
 from minillm.kernels.cpu.quant_llvm import hot_loop_asm
+from minillm.kernels.cpu.quant_matmul import NT, NT_NARROW, WR, WR_NARROW, decode_repacked_rows, weight_rows_tile
 from minillm.kernels.cpu.quant_repack import RepackedMatrix, repack
 
 # -----------------------------------------------------------------------------------------------
@@ -245,33 +245,72 @@ def _matvec_checked(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 
 
 # -----------------------------------------------------------------------------------------------
-# Batched matmul: dequantize a tile of rows into an L2-sized scratch, multiply it by all T rows
+# Batched matmul: decode a tile of rows into cache once, multiply it by all T rows
 #
 # Each weight is decoded once per call, whatever T is, and then feeds T FMAs from cache, so the
-# decode cost (~0.2 ns a weight) is shared by the batch while the multiply runs at register-tiled
-# matmul speed (cpu/matmul_ladder.py). Each parallel task owns one scratch tile for all its row tiles.
+# decode is shared by the batch while the multiply runs in register blocks (cpu/quant_matmul.py,
+# where the layouts are explained). A RepackedMatrix decodes with vector loads, a plain QMatrix row
+# by row from its GGUF bytes. Each parallel task owns one tile (and its result) for all its tiles.
 
-TILE_ROWS = 64  # rows of W per tile: 64 x 576 floats = 147 KB, in L2 next to the activations
+TILE_ROWS = 48  # rows of W per tile, a multiple of R and of WR: 48 x 576 floats = 110 KB, in L2
+K_CHUNK = 192   # k per register-block pass: 192 x NT activations (24 KB on AVX-512) + WR weight rows stay in L1
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def _qmatmul(code, data, x, out, n_tasks):
-    rows, cols = out.shape[1], x.shape[1]
+@njit(cache=True, parallel=True)
+def _qmatmul(code, data, quants, scales, mins, rows_per_group, x_panels, out, n_tasks):
+    """out (T, rows) = x @ W.T from x in panels (T padded / lanes, cols, lanes), lanes NT or (one
+    panel) NT_NARROW. W: a RepackedMatrix's arrays when rows_per_group > 0, else its GGUF bytes
+    ``data`` (code: _CODES)."""
+    rows, (n_panels, cols, lanes), T = data.shape[0], x_panels.shape, out.shape[0]
     n_tiles = (rows + TILE_ROWS - 1) // TILE_ROWS
     for task in prange(n_tasks):
-        tile = np.empty((TILE_ROWS, cols), dtype=np.float32)  # (TILE_ROWS, cols) this task's scratch
+        tile = np.empty((TILE_ROWS, cols), dtype=np.float32)                        # (TILE_ROWS, cols)
+        tile_out = np.empty((TILE_ROWS, n_panels * lanes), dtype=np.float32)         # (TILE_ROWS, T padded)
         for t in range(task * n_tiles // n_tasks, (task + 1) * n_tiles // n_tasks):
-            first, n = t * TILE_ROWS, min(TILE_ROWS, rows - t * TILE_ROWS)
-            for i in range(n):
-                _decode_row(code, data[first + i], tile[i])
-            matmul_nt_into(x, tile[:n], out[:, first:first + n])  # (T, n) = x @ tile.T
+            first = t * TILE_ROWS
+            n = min(TILE_ROWS, rows - first)
+            if rows_per_group == 0:
+                for i in range(n):
+                    _decode_row(code, data[first + i], tile[i])
+            else:  # whole groups (a group's rows past W are zero blocks); the code layout a constant
+                groups = tile[:-(-n // rows_per_group) * rows_per_group]
+                if code == Q8_0_CODE:
+                    decode_repacked_rows(quants, scales, mins, 0, rows_per_group, first // rows_per_group, groups)
+                else:
+                    decode_repacked_rows(quants, scales, mins, 1, rows_per_group, first // rows_per_group, groups)
+            for p in range(x_panels.shape[0]):
+                for k0 in range(0, cols, K_CHUNK):
+                    k1 = min(k0 + K_CHUNK, cols)
+                    if lanes == NT:  # (WR and NT must be constants in each call)
+                        for j0 in range(0, n, WR):  # a last block past row n computes rows nobody copies
+                            weight_rows_tile(x_panels[p], tile, tile_out, p * NT, j0, k0, k1, WR, NT)
+                    else:
+                        for j0 in range(0, n, WR_NARROW):
+                            weight_rows_tile(x_panels[p], tile, tile_out, 0, j0, k0, k1, WR_NARROW, NT_NARROW)
+            # back to (T, rows), a tile's row of results at a time: stored column by column from the
+            # registers instead, 1536 or 3072 rows apart, the same kernel ran 2x slower (measured)
+            for i in range(T):
+                for j in range(n):
+                    out[i, first + j] = tile_out[j, i]
+
+
+NO_BYTES, NO_FLOATS = np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.float32)  # a plain QMatrix's
 
 
 def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T; each packed weight is read and decoded once for all T rows."""
     x = _check_input(x, qm, 2)  # (T, cols)
-    out = np.empty((x.shape[0], qm.shape[0]), dtype=np.float32)  # (T, rows)
-    _qmatmul(_CODES[qm.qtype], qm.data, x, out, numba.get_num_threads())
+    (T, cols), rows = x.shape, qm.shape[0]
+    lanes = NT_NARROW if T <= NT_NARROW else NT
+    padded = np.zeros((-(-T // lanes) * lanes, cols), dtype=np.float32)                   # (T padded, cols)
+    padded[:T] = x
+    x_panels = np.ascontiguousarray(padded.reshape(-1, lanes, cols).transpose(0, 2, 1))  # (panels, cols, lanes)
+    out = np.empty((T, rows), dtype=np.float32)
+    if isinstance(qm, RepackedMatrix):
+        _qmatmul(_CODES[qm.qtype], qm.data, qm.quants, qm.scales, qm.mins, qm.rows_per_group, x_panels, out,
+                 numba.get_num_threads())
+    else:
+        _qmatmul(_CODES[qm.qtype], qm.data, NO_BYTES, NO_FLOATS, NO_FLOATS, 0, x_panels, out, numba.get_num_threads())
     return out
 
 

@@ -1,0 +1,123 @@
+"""The batched quantized matmul's two halves: decode a tile of weights, multiply it in register blocks.
+
+quant.qmatmul computes out (T, N) = x (T, K) @ W.T for T > 8 rows (decode batches, prefill chunks).
+It decodes W a tile of rows at a time into fp32 and multiplies each tile by every row of x, so
+the decode is paid once per call and the multiply runs at the FMA units' rate. Both halves are
+written here as LLVM vector IR (cpu/quant_llvm.py):
+
+``decode_repacked_rows`` - rows of a RepackedMatrix (cpu/quant_repack.py) to fp32: one 16-byte load
+    a row and block, unpacked as the exact matvec unpacks it (quant_fp32.unpack_fp32), then
+    w = q d + m as one FMA. q d is exact in fp32 (a 4- or 8-bit code times an fp16 scale), so the
+    FMA rounds once, as gguf's dequantize does: the weights are bit for bit the reference's.
+
+``weight_rows_tile`` - the register block. x comes in *panels* of NT rows, transposed:
+    x_panel[k] = x[row0:row0 + NT, k], so one vector load takes the NT rows' activations at one k,
+    and a panel's K x NT floats lie in one run of memory. The block keeps WR x NT results in
+    registers:
+
+        for k in range(k0, k1):
+            xs = x_panel[k]                         # (NT,) one load (two on AVX2)
+            for j in range(WR):                     # W[j, k] broadcast to every lane
+                acc[j] += W[j, k] * xs              # WR FMAs per load
+        out_t[j, row0:row0 + NT] = acc[j]           # the result transposed: one vector store a row
+
+    WR x NT / 16 FMAs per k against one vector load and WR broadcasts (folded into the FMAs on
+    AVX-512). K is cut into chunks (quant.K_CHUNK) so that a chunk of the panel and of WR weight
+    rows stay in L1; a later chunk starts from the sums the earlier one stored. Each output is one
+    FMA chain over k = 0..K-1 in order, whatever T is and wherever its row falls: a row's result
+    does not depend on the rest of the batch.
+
+Measured (one thread, one 48 x 576 tile in cache, T = 64; 2-core Zen 5 VM, AVX-512, best of 5;
+the machine's FMA peak measured the same way, minillm.hardware.microbench.fma_flops: 235 GFLOP/s):
+WR x NT = 12 x 32: 205 GFLOP/s; 8 x 32: 193; 24 x 16: 168.
+"""
+from __future__ import annotations
+
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+from minillm.hardware.machine import compile_target
+from minillm.kernels.cpu import quant_llvm as L
+from minillm.kernels.cpu.quant_fp32 import Q4_CODE, Q8_0_CODE, unpack_fp32
+
+# weight rows (WR) and lanes of x rows (NT) in one register block: 12 x 2 zmm of 32 registers on
+# AVX-512, 6 x 2 ymm of 16 on AVX2 (NEON's 32 registers of 4 lanes: 6 x 4). A batch of at most
+# NT_NARROW rows takes a block one vector wide (24 x 1 zmm, 12 x 1 ymm): padded to NT, half its FMAs
+# would multiply zeros.
+WR, NT = (12, 32) if compile_target().vector_bits == 512 else (6, 16)
+WR_NARROW, NT_NARROW = 2 * WR, NT // 2
+
+
+@intrinsic
+def weight_rows_tile(typingctx, x_panel, tile, out_t, row0, tile_row0, k0, k1, weight_rows, lanes):
+    """out_t[tile_row0 + j, row0:row0 + NT] += tile[tile_row0 + j, k] * x_panel[k] for k0 <= k < k1
+    and j < WR, starting from zero when k0 == 0: x_panel (K, NT), tile (rows, K) decoded weights,
+    out_t (rows, T padded) the result transposed, all 2-D C-contiguous float32; WR and NT
+    compile-time constants. Nothing is checked."""
+    if not all(isinstance(c, types.IntegerLiteral) for c in (weight_rows, lanes)):
+        return None
+    n_rows, n_lanes = weight_rows.literal_value, lanes.literal_value
+
+    def codegen(context, builder, sig, args):
+        x_ptr, tile_ptr, out_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in range(3))
+        row0, tile_row0, k0, k1 = args[3], args[4], args[5], args[6]
+        T = L.array_shape(context, builder, sig.args[2], args[2], 1)
+        K = L.array_shape(context, builder, sig.args[1], args[1], 1)
+        vNT = L.vector(L.F32, n_lanes)
+        out_rows = [builder.mul(builder.add(tile_row0, L.index(j)), T) for j in range(n_rows)]
+        out_at = [builder.bitcast(builder.gep(out_ptr, [builder.add(at, row0)]), vNT.as_pointer()) for at in out_rows]
+        first_chunk = builder.icmp_signed("==", k0, L.index(0))
+        zeros = L.constant_vector(L.F32, [0.0] * n_lanes)
+        acc = [L.accumulator(builder, builder.select(first_chunk, zeros, builder.load(at, align=4)))
+               for at in out_at]  # WR x (NT,)
+        w_rows = [builder.mul(builder.add(tile_row0, L.index(j)), K) for j in range(n_rows)]
+        with cgutils.for_range_slice(builder, k0, k1, L.index(1)) as (k, _):
+            xs = L.load(builder, x_ptr, builder.mul(k, L.index(n_lanes)), vNT)  # (NT,) x_panel[k]
+            for j in range(n_rows):
+                w = L.splat(builder, builder.load(builder.gep(tile_ptr, [builder.add(w_rows[j], k)])), n_lanes)
+                builder.store(L.fma(builder, w, xs, builder.load(acc[j])), acc[j])
+        for j in range(n_rows):
+            builder.store(builder.load(acc[j]), out_at[j], align=4)
+        return context.get_dummy_value()
+
+    return types.void(x_panel, tile, out_t, row0, tile_row0, k0, k1, weight_rows, lanes), codegen
+
+
+@intrinsic
+def decode_repacked_rows(typingctx, quants, scales, mins, qtype_code, rows_per_group, group0, tile):
+    """tile[i] = row group0 * R + i of the repacked W, in fp32, for i < tile rows (a multiple of R):
+    quants, scales, mins a RepackedMatrix's arrays, tile (rows, K) C-contiguous float32; the code
+    layout (quant_fp32.QTYPE_CODES) a compile-time constant. Nothing is checked."""
+    if not isinstance(qtype_code, types.IntegerLiteral):
+        return None
+    code = qtype_code.literal_value
+    code_bytes = 32 if code == Q8_0_CODE else 16
+
+    def codegen(context, builder, sig, args):
+        q_ptr, d_ptr, m_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in range(3))
+        tile_ptr = L.array_data(context, builder, sig.args[6], args[6])
+        R, group0 = args[4], args[5]
+        n_rows, K = (L.array_shape(context, builder, sig.args[6], args[6], dim) for dim in (0, 1))
+        n_blocks = builder.udiv(K, L.index(32))
+        v16f = L.vector(L.F32, 16)
+        with cgutils.for_range(builder, builder.udiv(n_rows, R)) as groups:
+            with cgutils.for_range(builder, n_blocks) as blocks:
+                g, b = builder.add(group0, groups.index), blocks.index
+                first = builder.mul(builder.add(builder.mul(g, n_blocks), b), R)  # (group, block, row 0)
+                with cgutils.for_range(builder, R) as rows:
+                    at = builder.add(first, rows.index)
+                    low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
+                    d = L.splat(builder, builder.load(builder.gep(d_ptr, [at])), 16)
+                    m = (L.splat(builder, builder.load(builder.gep(m_ptr, [at])), 16) if code == Q4_CODE
+                         else L.constant_vector(L.F32, [0.0] * 16))  # Q8_0: no minimum
+                    row = builder.add(builder.mul(groups.index, R), rows.index)
+                    start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
+                    for half, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
+                        pointer = builder.bitcast(builder.gep(tile_ptr, [builder.add(start, L.index(16 * half))]),
+                                                  v16f.as_pointer())
+                        builder.store(L.fma(builder, codes, d, m), pointer, align=4)
+        return context.get_dummy_value()
+
+    signature = types.void(quants, scales, mins, qtype_code, rows_per_group, group0, tile)
+    return signature, codegen
