@@ -102,16 +102,17 @@ def decode_repacked_rows(typingctx, quants, scales, mins, qtype_code, rows_per_g
         n_blocks = builder.udiv(K, L.index(32))
         v16f = L.vector(L.F32, 16)
         with cgutils.for_range(builder, builder.udiv(n_rows, R)) as groups:
-            with cgutils.for_range(builder, n_blocks) as blocks:
-                g, b = builder.add(group0, groups.index), blocks.index
-                first = builder.mul(builder.add(builder.mul(g, n_blocks), b), R)  # (group, block, row 0)
-                with cgutils.for_range(builder, R) as rows:
-                    at = builder.add(first, rows.index)
+            # row by row, block after block: the stores run along one row of the tile. Block by block
+            # across a group's rows instead, they went to rows 6 KB apart (K = 1536) and ran 2x slower.
+            with cgutils.for_range(builder, R) as rows:
+                row = builder.add(builder.mul(groups.index, R), rows.index)
+                with cgutils.for_range(builder, n_blocks) as blocks:
+                    g, b = builder.add(group0, groups.index), blocks.index
+                    at = builder.add(builder.mul(builder.add(builder.mul(g, n_blocks), b), R), rows.index)
                     low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
                     d = L.splat(builder, builder.load(builder.gep(d_ptr, [at])), 16)
                     m = (L.splat(builder, builder.load(builder.gep(m_ptr, [at])), 16) if code == Q4_CODE
                          else L.constant_vector(L.F32, [0.0] * 16))  # Q8_0: no minimum
-                    row = builder.add(builder.mul(groups.index, R), rows.index)
                     start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
                     for half, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
                         pointer = builder.bitcast(builder.gep(tile_ptr, [builder.add(start, L.index(16 * half))]),

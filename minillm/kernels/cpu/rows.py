@@ -38,11 +38,17 @@ EXP_HI = np.float32(88.37)   # exp(88.37) ~ 2**127.5, half an octave from the la
 
 
 @intrinsic
-def float32_from_bits(typingctx, bits):
-    """Reinterpret an int32's bits as a float32 (C's union trick; one no-op instruction)."""
+def float_from_bits(typingctx, bits):
+    """Reinterpret an integer's bits as the float of its width, int32 -> float32 and int64 -> float64
+    (C's union trick; one no-op instruction)."""
+    floats = {32: (types.float32, ir.FloatType()), 64: (types.float64, ir.DoubleType())}
+    if not isinstance(bits, types.Integer) or bits.bitwidth not in floats:
+        return None
+    result, llvm_float = floats[bits.bitwidth]
+
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.int32), codegen
+        return builder.bitcast(args[0], llvm_float)
+    return result(bits), codegen
 
 
 @intrinsic
@@ -68,7 +74,7 @@ def fast_exp(x):
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)                                      # exp(r)
-    y = p * float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))  # * 2**n
+    y = p * float_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))  # * 2**n
     if x < EXP_LO:
         return np.float32(0.0)
     if x > EXP_HI:

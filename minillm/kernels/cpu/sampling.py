@@ -48,6 +48,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from minillm.kernels.cpu.rows import float_from_bits
+
 # EXACT: every operation rounds as NumPy's does (exp_nonpositive's split of ln 2 and its 1.5 * 2**52
 # rounding trick must not be reassociated away). SUMS: additions may be reordered, so sums vectorise.
 # error_model="numpy": x / 0 gives inf; Python's model adds a zero test that stops vectorisation.
@@ -71,14 +73,6 @@ TAYLOR = tuple(1.0 / np.prod(np.arange(1.0, k + 1)) for k in range(13, -1, -1)) 
 
 
 @intrinsic
-def float64_from_bits(typingctx, bits):
-    """Reinterpret an int64's bits as a float64 (one no-op instruction)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-    return types.float64(types.int64), codegen
-
-
-@intrinsic
 def fma(typingctx, a, b, c):
     """a * b + c rounded once (llvm.fma: one instruction, vectorisable)."""
     def codegen(context, builder, signature, args):
@@ -97,7 +91,7 @@ def exp_nonpositive(d):
     p = TAYLOR[0]
     for c in TAYLOR[1:]:
         p = fma(p, r, c)
-    scaled = p * float64_from_bits((np.int64(n) + 1023) << 52)
+    scaled = p * float_from_bits(np.int64((np.int64(n) + 1023) << 52))
     return scaled if d >= SMALLEST_NORMAL_EXP else 0.0
 
 
