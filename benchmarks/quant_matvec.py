@@ -33,6 +33,8 @@ VM where waking a sleeping helper thread costs milliseconds - compare one core e
 
     NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/quant_matvec.py --quick
 
+(fewer threads than physical cores write quant_matvec_<n>thread.json, beside the cores' run).
+
 ``--isa avx2`` runs both processes on the AVX2 code path (Numba for Haswell, OPENBLAS_CORETYPE=Haswell).
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ import numpy as np
 from common import (Contender, add_isa_and_out, default_threads, save_result, seconds_per_call, start_all,
                     take_turns)
 
+from minillm.hardware.machine import describe_machine
 from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE
 from minillm.model.config import ModelConfig
 from minillm.model.fetch import cached_model_path, fetch
@@ -218,9 +221,10 @@ def main():
     stamps = {name: w.stamp for name, w in workers.items()}
     for worker in workers.values():
         worker.close()
-    save_result("quant_matvec", {"quick": args.quick, "isa": args.isa, "threads": threads, "turns": TURNS,
-                                 "samples_per_turn": samples, "stamps": stamps, "cases": results,
-                                 "fma_peak_gflops": fma_peak, "batched": batched}, args.out)
+    name = "quant_matvec" if threads == describe_machine().cores else f"quant_matvec_{threads}thread"
+    save_result(name, {"quick": args.quick, "isa": args.isa, "threads": threads, "turns": TURNS,
+                       "samples_per_turn": samples, "stamps": stamps, "cases": results,
+                       "fma_peak_gflops": fma_peak, "batched": batched}, args.out)
 
 
 if __name__ == "__main__":

@@ -317,25 +317,21 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 # -----------------------------------------------------------------------------------------------
 # The dispatch the model calls
 
-# Where each path wins (benchmarks/quant_matvec.py, "batched"; 2-core Zen 4, two threads, one
-# matrix in cache, microseconds; the committed figures are in benchmarks/results/quant_matvec.json):
+# Where each path wins (benchmarks/quant_matvec.py, "batched": one matrix in cache, two threads,
+# microseconds; benchmarks/results/quant_matvec.json, a 2-core Zen 5 VM, AVX-512):
 #
-#   Q4_1 1536 x 576 (ffn gate/up)   T = 1     2     3     4     8    16    64
-#   qmatvec, row by row                60   113   265   333   640  1336  5626
-#   qmatmul                           148   227   241   164   256   328   798
-#   BLAS on fp32 weights               31   324   274   324   293   414   817
+#   Q4_1 1536 x 576 (ffn gate/up)   T = 1     2     3     4     8    16    64   256
+#   qmatvec (GGUF blocks), row by row  71   144   208   185   433   996  4485 13687
+#   qmatmul, GGUF blocks              252   271   264   189   194   267   520  1586
+#   qmatmul, repacked                 127   144   125   102   127   139   378  1497
+#   BLAS on fp32 weights               28   311   294   267   251   345   574  2451
 #
-# The fused matvec streams the packed bytes at memory speed, so running it once per row wins
-# while T is tiny although it reads the weights T times; qmatmul's single decode plus
-# register-tiled FMAs wins for large T, by 7x at T = 64 (142 GFLOP/s, level with BLAS on fp32
-# weights). The repacked SIMD matvec (cpu/quant_fp32.py, what the loader builds) is 3x faster than the
-# row-by-row kernel above, which moves the crossover from T = 3 to between 8 and 16 (shared 2-core
-# Sapphire Rapids, one thread, best of 25, same matrix; two threads could not be timed cleanly there):
-#
-#   T =                        1     2     3     4     5     8    16    64
-#   repacked matvec, fp32     93   188   286   404   457   576  1257 10040
-#   repacked matvec, int8     67   110   193   258   303   397   866  7973
-#   qmatmul                  796   970  1017  1030   611   661   880  2866
+# The matvec streams the packed bytes at memory speed, so running it once per row wins while T is
+# tiny although it reads the weights T times; qmatmul decodes each weight once and multiplies it
+# by every row in register blocks, 300 GFLOP/s at T = 64 and 256 here (65% of the 464 GFLOP/s the
+# same process's FMA loop reached; two threads on this VM vary by +-30% from run to run, one
+# thread reached 70-78% of its own peak). On repacked weights the T-row matvec below takes over
+# up to T = 8: it unpacks in registers and never writes a tile.
 #
 # Exact mode runs all T rows in one kernel (quant_fp32.matvec_rows): each weight is loaded and
 # unpacked once and feeds T FMA chains. Same matrix, 2-core Zen 5 (LLVM znver5) shared with other
