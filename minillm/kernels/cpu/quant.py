@@ -278,7 +278,7 @@ def _qmatmul(code, data, quants, scales, mins, rows_per_group, x_panels, out, n_
                     decode_repacked_rows(quants, scales, mins, 0, rows_per_group, first // rows_per_group, groups)
                 else:
                     decode_repacked_rows(quants, scales, mins, 1, rows_per_group, first // rows_per_group, groups)
-            for p in range(x_panels.shape[0]):
+            for p in range(n_panels):
                 for k0 in range(0, cols, K_CHUNK):
                     k1 = min(k0 + K_CHUNK, cols)
                     if lanes == NT:  # (WR and NT must be constants in each call)
@@ -329,9 +329,11 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
 # The matvec streams the packed bytes at memory speed, so running it once per row wins while T is
 # tiny although it reads the weights T times; qmatmul decodes each weight once and multiplies it
 # by every row in register blocks, 300 GFLOP/s at T = 64 and 256 here (65% of the 464 GFLOP/s the
-# same process's FMA loop reached; two threads on this VM vary by +-30% from run to run, one
-# thread reached 70-78% of its own peak). On repacked weights the T-row matvec below takes over
-# up to T = 8: it unpacks in registers and never writes a tile.
+# same process's FMA loop reached; two threads on this VM vary by +-30% from run to run). On one
+# thread (quant_matvec_1thread.json) it reached 71-73% of that thread's peak at T = 64 and 58-67%
+# at T = 256, where the activations' panels no longer fit in L2 beside the tile. On repacked
+# weights the T-row matvec below takes over up to T = 8: it unpacks in registers and never writes
+# a tile.
 #
 # Exact mode runs all T rows in one kernel (quant_fp32.matvec_rows): each weight is loaded and
 # unpacked once and feeds T FMA chains. Same matrix, 2-core Zen 5 (LLVM znver5) shared with other
