@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -166,6 +167,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--model", type=Path, default=None, help="GGUF file for the shapes (default: SmolLM2-135M)")
     args = parser.parse_args()
 
     available, reason = cuda_available()
@@ -184,7 +186,7 @@ def main() -> int:
     gpu = describe_gpu()
     bandwidth = device_bandwidth()
     peak = fp32_peak_flops()
-    config = ModelConfig.from_gguf(cached_model_path() or fetch())  # the default model's shapes
+    config = ModelConfig.from_gguf(args.model or cached_model_path() or fetch())  # the model's shapes
     print(f"{gpu.name}: {gpu.sm_count} SMs, copy bandwidth {bandwidth.bandwidth_gbs:,.0f} GB/s, "
           f"FP32 peak {peak / 1e12 if peak else float('nan'):.1f} TFLOP/s")
     results = {"gpu": gpu.__dict__, "copy_bandwidth_gbs": bandwidth.bandwidth_gbs, "fp32_peak_flops": peak,
