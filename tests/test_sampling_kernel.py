@@ -86,6 +86,27 @@ def test_flat_rows_with_thousands_of_tokens_in_the_nucleus():
             np.testing.assert_array_equal(compiled.sample_rows(x, *args, u), spec.draw(want, u))
 
 
+def test_top_k_on_peaked_rows_where_fewer_than_k_tokens_lie_within_10_nats():
+    """Rows like SmolLM2's at T = 0.8 under top_k = 50: a few tokens near the top, the k-th tens of
+    nats below it - the candidates are then bounded by the wider count (WIDE_DISTANCES), or, past
+    its last distance, are every live token."""
+    rng = np.random.default_rng(11)
+    V = 49152
+    x = rng.uniform(-300.0, -12.0, (4, V))         # everything else far below the top
+    x[:, :5] = [0.0, -0.5, -1.0, -3.0, -9.0]          # the peak: 5 tokens within 10 nats
+    x[1] = np.round(x[1] / 4) * 4                   # ties across the cut
+    x[3, 5:] = rng.uniform(-400.0, -200.0, V - 5)   # the 50th token beyond the widest distance
+    e = x - x.max(axis=1, keepdims=True)
+    assert ((e >= -10).sum(axis=1) < 50).all() and ((e >= -110).sum(axis=1) >= 50)[:3].all()
+    assert ((e >= -110).sum(axis=1) < 50)[3]
+    for top_k, top_p, min_p in ((50, 1.0, 0.0), (50, 0.95, 0.0), (1000, 0.999999, 0.0), (50, 1.0, 1e-30)):
+        args = (np.ones(4), np.full(4, min_p), np.full(4, top_k), np.full(4, top_p))
+        want = numpy_filtered(x, *args)
+        np.testing.assert_array_equal(compiled.filter_rows(x, *args), want)
+        for u in rng.random((5, 4)):
+            np.testing.assert_array_equal(compiled.sample_rows(x, *args, u), spec.draw(want, u))
+
+
 def test_exp_is_within_one_ulp_of_numpys():
     d = np.concatenate([np.linspace(-745.0, 0.0, 4_000_001), -rng_uniform_ln2(), [0.0, -0.0, -1e-300]])
     got = np.empty_like(d)

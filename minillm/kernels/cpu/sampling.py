@@ -16,9 +16,14 @@ Per row (V = 49152 on SmolLM2; the row is read from memory once, then from the c
   (measured on one row of SmolLM2 logits: ~28 us for the exp and the total alone, ~58 us with six
   thresholds; eight took ~88 us, their sums no longer fitting the vector registers beside the exp's
   constants - and keeping the exp's results in an L1 buffer between two loops was slower still).
-- the smallest of those distances whose mass reaches top_p * total (or count reaches top_k) bounds
-  the candidates; one scan gathers them (a raw-logit bound, then the exact test on the few it
-  passes). A peaked row has a handful; a flat one (a random-token prompt) up to ~10 000.
+  The pass runs over ROW_CHUNKS fixed chunks: a lone row (decode at batch 1) spreads them over
+  every thread (~85 -> ~52 us on 2 threads), a batch gives each row its own thread.
+- the smallest of those distances whose mass reaches top_p * total (or count reaches top_k; on a
+  peaked row fewer than k tokens lie within 10 nats, and a second count goes out to 110) bounds
+  the candidates; a chunked branchless scan collects their ids (a raw-logit bound), their logits
+  are copied side by side so that their weights are computed in one vectorised loop (gathered
+  loads do not vectorise: ~5x slower), then the exact test drops the few the bound let through.
+  A peaked row has a handful; a flat one (a random-token prompt) up to ~10 000.
 - the candidates go into 256 fine bins of distance (a counting sort: ids stay ascending in a bin).
   top_k: the bin holding the k-th token is ranked (largest first, ties to the lower id), every token
   tied with the k-th stays. top_p: whole bins are taken while the mass before the next token stays
@@ -116,16 +121,21 @@ def _weight(x_j, temperature, top, min_p):
 
 DISTANCES = (1.0, 2.0, 3.0, 4.5, 6.5, 10.0)  # nats below the top; the nuclei measured on
 LEVELS = len(DISTANCES)                                 # SmolLM2 reach 0-10 nats at T = 0.8
+# top_k on a peaked row: fewer than k tokens lie within 10 nats (on SmolLM2's rows at T = 0.8, k = 50
+# often does), and gathering the whole vocabulary took ~1.5-1.9 ms. A second count, further out,
+# bounds the candidates instead (~0.05 ms).
+WIDE_DISTANCES = (15.0, 22.0, 33.0, 50.0, 75.0, 110.0)
 FINE_BINS = 256
 NO_SUMS = (0.0,) * LEVELS
 
 
 @njit(inline="always")
-def _add_within(sums, e, amount):
-    """sums[t] + amount where e >= -DISTANCES[t]: masked adds (a tuple stays in registers)."""
-    return (sums[0] + (amount if e >= -DISTANCES[0] else 0.0), sums[1] + (amount if e >= -DISTANCES[1] else 0.0),
-            sums[2] + (amount if e >= -DISTANCES[2] else 0.0), sums[3] + (amount if e >= -DISTANCES[3] else 0.0),
-            sums[4] + (amount if e >= -DISTANCES[4] else 0.0), sums[5] + (amount if e >= -DISTANCES[5] else 0.0))
+def _add_within(sums, e, amount, d):
+    """sums[t] + amount where e >= -d[t], d = DISTANCES or WIDE_DISTANCES: masked adds (a tuple stays
+    in registers)."""
+    return (sums[0] + (amount if e >= -d[0] else 0.0), sums[1] + (amount if e >= -d[1] else 0.0),
+            sums[2] + (amount if e >= -d[2] else 0.0), sums[3] + (amount if e >= -d[3] else 0.0),
+            sums[4] + (amount if e >= -d[4] else 0.0), sums[5] + (amount if e >= -d[5] else 0.0))
 
 
 @njit(**SUMS)
@@ -135,24 +145,54 @@ def _masses_within(x, temperature, top, min_p):
     for j in range(x.shape[0]):
         e, w = _weight(x[j], temperature, top, min_p)
         total += w
-        masses = _add_within(masses, e, w)
+        masses = _add_within(masses, e, w, DISTANCES)
     return total, masses
 
 
+# Chunks of a row, for the two passes over the whole vocabulary. A fixed number, not one per thread:
+# a sum over chunks then adds in the same order on every machine, whichever kernel runs the row.
+# A lone row runs them on every thread (_rows_split: ~85 -> ~52 us for the sums of one SmolLM2 row
+# on 2 threads); in a batch each row runs them serially on its own thread (_rows_parallel).
+ROW_CHUNKS = 8
+
+
+@njit(inline="always")
+def _within_chunks(x, temperature, top, min_p, counts, distances):
+    """_counts_within (``counts``, within ``distances``) or _masses_within (within DISTANCES) over
+    the row, summed chunk by chunk -> (1 + LEVELS,): the total, then the sum within each distance.
+    Inlined, so that its prange runs on threads in a parallel caller and as a plain loop in a
+    serial one."""
+    size = -(-x.shape[0] // ROW_CHUNKS)
+    sums = np.empty((ROW_CHUNKS, 1 + LEVELS))  # (chunks, the total and the LEVELS sums)
+    for c in prange(ROW_CHUNKS):
+        chunk = x[c * size:(c + 1) * size]
+        if counts:
+            total, within = _counts_within(chunk, temperature, top, min_p, distances)
+        else:
+            total, within = _masses_within(chunk, temperature, top, min_p)
+        sums[c, 0] = total
+        for level in range(LEVELS):
+            sums[c, 1 + level] = within[level]
+    s = sums[0].copy()
+    for c in range(1, ROW_CHUNKS):
+        s += sums[c]
+    return s
+
+
 @njit(**SUMS)
-def _counts_within(x, temperature, top, min_p):
-    """(the number of finite tokens min_p keeps, the number within each of DISTANCES)."""
+def _counts_within(x, temperature, top, min_p, distances):
+    """(the number of finite tokens min_p keeps, the number within each of ``distances``)."""
     live, counts = 0.0, NO_SUMS
     for j in range(x.shape[0]):
         e, _ = _weight(x[j], temperature, top, min_p)
         live += 1.0 if e > -np.inf else 0.0
-        counts = _add_within(counts, e, 1.0)
+        counts = _add_within(counts, e, 1.0, distances)
     return live, counts
 
 
 @njit(**EXACT)
 def _first_level(sums, needed):
-    """The first of DISTANCES whose sum reaches ``needed``; LEVELS (every token) if none does."""
+    """The first distance whose sum reaches ``needed``; LEVELS (every token) if none does."""
     for level in range(LEVELS):
         if sums[level] >= needed:
             return level
@@ -164,23 +204,49 @@ def _first_level(sums, needed):
 
 
 @njit(**EXACT)
-def _gather(x, temperature, top, min_p, level, ids):
-    """The live tokens within DISTANCES[level] of the top (all live ones at LEVELS) -> (n, their
-    ids ascending in ids[:n], x / temperature (n,), e (n,), w (n,))."""
-    distance = DISTANCES[level] if level < LEVELS else np.inf
-    # a bound on the raw logit a little below the exact one (x / T - top >= -distance is monotone in x)
-    bound = temperature * (top - distance) - 1e-9 * temperature * (abs(top) + distance + 1.0)
-    n = 0
-    for j in range(x.shape[0]):  # branchless: the store is cheaper than a mispredicted jump on flat rows
+def _ids_at_least(x, bound, ids, lo, hi):
+    """Write the ids j in [lo, hi) with x[j] >= bound, ascending, into ids[lo:] -> how many.
+    Branchless: the store is cheaper than a mispredicted jump on flat rows."""
+    n = lo
+    for j in range(lo, hi):
         ids[n] = j
         n += x[j] >= bound
+    return n - lo
+
+
+@njit(inline="always")
+def _ids_at_least_chunks(x, bound, ids):
+    """_ids_at_least over the whole row, chunk by chunk (see _within_chunks), then the chunks' ids
+    moved together -> how many."""
+    size = -(-x.shape[0] // ROW_CHUNKS)
+    found = np.empty(ROW_CHUNKS, dtype=np.int64)
+    for c in prange(ROW_CHUNKS):  # chunk c writes only ids[c size:(c + 1) size]
+        found[c] = _ids_at_least(x, bound, ids, c * size, min(x.shape[0], (c + 1) * size))
+    n = found[0]
+    for c in range(1, ROW_CHUNKS):
+        for i in range(found[c]):
+            ids[n + i] = ids[c * size + i]
+        n += found[c]
+    return n
+
+
+@njit(inline="always")
+def _gather(x, temperature, top, min_p, distance, ids):
+    """The live tokens within ``distance`` of the top -> (n, their ids ascending in ids[:n],
+    x / temperature (n,), e (n,), w (n,)). Inlined (see _within_chunks)."""
+    # a bound on the raw logit a little below the exact one (x / T - top >= -distance is monotone in x)
+    bound = temperature * (top - distance) - 1e-9 * temperature * (abs(top) + distance + 1.0)
+    n = _ids_at_least_chunks(x, bound, ids)
     scaled, e, w = np.empty(n), np.empty(n), np.empty(n)
-    kept = 0
+    for i in range(n):  # the candidates' logits side by side first: a loop over gathered loads does
+        scaled[i] = x[ids[i]]  # not vectorise, the exp below on contiguous ones does (~5x faster)
     for i in range(n):
-        j = ids[i]
-        e_j, w_j = _weight(x[j], temperature, top, min_p)
-        if e_j > -np.inf and e_j >= -distance:
-            ids[kept], scaled[kept], e[kept], w[kept] = j, x[j] / temperature, e_j, w_j
+        e[i], w[i] = _weight(scaled[i], temperature, top, min_p)
+        scaled[i] /= temperature
+    kept = 0
+    for i in range(n):  # the exact test; nearly every candidate passes it (a well-predicted branch)
+        if e[i] > -np.inf and e[i] >= -distance:
+            ids[kept], scaled[kept], e[kept], w[kept] = ids[i], scaled[i], e[i], w[i]
             kept += 1
     return kept, scaled[:kept], e[:kept], w[:kept]
 
@@ -253,25 +319,29 @@ def _top_p(scaled, w, total, starts, order, top_p, keep):
     return cut
 
 
-@njit(**EXACT)
+@njit(inline="always")
 def _filter_row(x, temperature, top, min_p, top_k, top_p, ids, weights):
     """One row (V,), top = max(x) / temperature > -inf -> the number n of tokens min_p, top_k and
     top_p keep, their ids ascending in ids[:n] and weights exp(x / T - top) in weights[:n]; -1 when
-    top_k and top_p keep every token min_p keeps."""
+    top_k and top_p keep every token min_p keeps. Inlined (see _within_chunks)."""
     V = x.shape[0]
     use_k, use_p = 0 < top_k < V, top_p < 1
-    level, total = LEVELS, 0.0
+    level, total, distances = LEVELS, 0.0, DISTANCES
     if use_k:
-        live, counts = _counts_within(x, temperature, top, min_p)
-        use_k = top_k < live  # fewer live tokens than k: top_k drops nothing
-        level = _first_level(counts, top_k)
+        counts = _within_chunks(x, temperature, top, min_p, True, DISTANCES)  # (1 + LEVELS,) the live ones first
+        use_k = top_k < counts[0]  # fewer live tokens than k: top_k drops nothing
+        level = _first_level(counts[1:], top_k)
+        if use_k and level == LEVELS:  # a peaked row: count further out (see WIDE_DISTANCES)
+            distances = WIDE_DISTANCES
+            level = _first_level(_within_chunks(x, temperature, top, min_p, True, WIDE_DISTANCES)[1:], top_k)
     if not use_k:
         if not use_p:
             return -1
-        total, masses = _masses_within(x, temperature, top, min_p)
-        level = _first_level(masses, top_p * total)
+        masses = _within_chunks(x, temperature, top, min_p, False, DISTANCES)  # (1 + LEVELS,) the total first
+        total = masses[0]
+        level = _first_level(masses[1:], top_p * total)
     while True:
-        n, scaled, e, w = _gather(x, temperature, top, min_p, level, ids)
+        n, scaled, e, w = _gather(x, temperature, top, min_p, distances[level] if level < LEVELS else np.inf, ids)
         starts, order = _fine_bins(e)
         keep = np.ones(n, dtype=np.bool_)
         if use_k:
@@ -324,10 +394,10 @@ def _write_filtered(x, temperature, top, min_p, ids, n_kept, out):
         out[ids[i]] = x[ids[i]] / temperature
 
 
-@njit(**EXACT)
-def _rows_serial(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+@njit(inline="always")
+def _rows(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
     """Each row: filtered, then drawn into tokens when it has a slot per row, else written into
-    ``filtered`` (R, V). One row: no threads to wake."""
+    ``filtered`` (R, V). Inlined into the two entries below."""
     V = x.shape[1]
     ids, weights = np.empty(V, dtype=np.int64), np.empty(V)  # (V,) scratch, reused by every row
     for r in range(x.shape[0]):
@@ -342,6 +412,24 @@ def _rows_serial(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, fil
             tokens[r] = _draw_row(x[r], temperature[r], top[r], min_p[r], ids, weights, n_kept, uniforms[r])
         else:
             _write_filtered(x[r], temperature[r], top[r], min_p[r], ids, n_kept, filtered[r])
+
+
+@njit(**EXACT)
+def _rows_serial(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+    """_rows on the calling thread (each row of _rows_parallel)."""
+    _rows(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered)
+
+
+# Only the pranges run on threads: Numba's other parallel rewrites would put each small array
+# operation of the row's tail on the pool too.
+PRANGE_ONLY = {"prange": True, "comprehension": False, "reduction": False, "inplace_binop": False,
+               "setitem": False, "numpy": False, "stencil": False, "fusion": False}
+
+
+@njit(parallel=PRANGE_ONLY, **EXACT)
+def _rows_split(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+    """_rows with each pass over the vocabulary on every thread: a lone row (decode at batch 1)."""
+    _rows(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered)
 
 
 @njit(cache=True, parallel=True)
@@ -361,16 +449,17 @@ def _run(logits, temperature, min_p, top_k, top_p, uniforms, draws: bool):
     raw = np.ascontiguousarray(raw if raw.dtype in (np.float32, np.float64) else raw.astype(np.float64))
     rows, V = raw.shape
 
-    def per_row(a, dtype):
-        return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype=dtype), (rows,)))
+    def per_row(a, dtype):  # (R,) as given (the Sampler's case: no copy), or one value for every row
+        a = np.asarray(a, dtype=dtype)
+        return a if a.shape == (rows,) and a.flags.c_contiguous else np.ascontiguousarray(np.broadcast_to(a, (rows,)))
 
     temperature = per_row(temperature, np.float64)
     top = raw.max(axis=1) / temperature  # (R,) float64: max(x / T), as rounding a division is monotone
     tokens = np.empty(rows if draws else 0, dtype=np.int64)
     filtered = np.empty((0 if draws else rows, V))
-    kernel = _rows_parallel if rows > 1 else _rows_serial
-    kernel(raw, temperature, top, per_row(min_p, np.float64), per_row(top_k, np.int64), per_row(top_p, np.float64),
-           per_row(0.0 if uniforms is None else uniforms, np.float64), tokens, filtered)
+    args = (raw, temperature, top, per_row(min_p, np.float64), per_row(top_k, np.int64), per_row(top_p, np.float64),
+            per_row(0.0 if uniforms is None else uniforms, np.float64), tokens, filtered)
+    (_rows_parallel if rows > 1 else _rows_split)(*args)
     return filtered, tokens
 
 
