@@ -33,7 +33,6 @@ import math
 import os
 
 import numpy as np
-from numba import njit
 from numba.extending import overload
 
 from minillm.kernels import cpu, shapes
@@ -44,6 +43,7 @@ from minillm.kernels.cpu.paged_attention import (
 from minillm.kernels.cpu.quant import REPACKED_MATVEC_ROWS_MAX_T
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
 from minillm.kernels.cpu.rows import rms_norm_serial, rope_serial, swiglu_serial
+from minillm.kernels.cpu.variants import compile_variant
 
 MAX_ROWS = REPACKED_MATVEC_ROWS_MAX_T  # beyond it qlinear runs qmatmul, another kernel: the per-op path runs
 EXACT = -1  # the activation mode of exact (fp32) weights; int8 ones name their ISA (quant_int8.TARGET_ISA)
@@ -105,7 +105,6 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
     qkv_code, wo_code, gate_up_code, down_code = codes
     sources = KERNEL_SOURCES  # a closure constant, so part of Numba's cache key (see KERNEL_SOURCES)
 
-    @njit(cache=True)
     def decoder_layer(x, attn_norm, qkv_q, qkv_s, qkv_m, wo_q, wo_s, wo_m, mlp_norm, gate_up_q, gate_up_s, gate_up_m,
                       down_q, down_s, down_m, q_norm, k_norm, k_caches, v_caches, layer,
                       n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, decode, block_tables,
@@ -114,7 +113,8 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         layer's K/V. Into ``out``, not returned: a returned array is boxed through the function's
         environment, which Numba restores by name when it loads a variant from its disk cache; a
         run over a cache that several processes had filled failed there ("'descr' is NULL",
-        benchmarks/speculative.py), and writing into ``out`` needs no environment.
+        benchmarks/speculative.py; Numba's index race, cpu/variants.py), and writing into ``out``
+        needs no environment.
 
         k_caches, v_caches (n_layers, num_blocks, block_size, Hkv, Dh); q_norm, k_norm (Dh,) or
         empty (Llama); the rest describes the batch (DecodeStep)."""
@@ -157,7 +157,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         hidden = swiglu_serial(np.ascontiguousarray(gate_up[:, :ffn]), np.ascontiguousarray(gate_up[:, ffn:]))
         out[:] = h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
 
-    return decoder_layer
+    return compile_variant(decoder_layer, T=tokens, codes=codes, R=rows_per_group, isa=isa)
 
 
 # -----------------------------------------------------------------------------

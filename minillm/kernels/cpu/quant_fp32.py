@@ -39,6 +39,7 @@ from numba.core.extending import intrinsic
 from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
+from minillm.kernels.cpu.variants import compile_variant
 
 Q8_0_CODE, Q4_CODE = 0, 1  # how a block's codes unpack: int8, or two nibbles (Q4_0 and Q4_1 alike)
 QTYPE_CODES = {"Q8_0": Q8_0_CODE, "Q4_0": Q4_CODE, "Q4_1": Q4_CODE}
@@ -146,7 +147,9 @@ def block_sums_of(x):
     return sums
 
 
-@njit(cache=True, parallel=True)
+# Not cached on disk: its variants (one per set of constants) would share one index (cpu/variants.py).
+# Its callers are, each variant under its own name, with this compiled into them (~1 s when new).
+@njit(parallel=True)
 def matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens):
     """out (T, padded rows) = x (T, cols) W^T for the repacked W (quants, scales, mins), exact mode.
 
@@ -167,13 +170,11 @@ def matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, t
 @functools.cache
 def _kernel(qtype_code: int, rows_per_group: int, tokens: int):
     """The kernel for one code layout, R and T, as a function of the arrays alone (Python calls it
-    at C speed), compiled on first use (Numba caches it on disk: the constants are part of the
-    cache key)."""
-    @njit(cache=True)
+    at C speed), compiled on first use and cached on disk (cpu/variants.py)."""
     def matvec_kernel(quants, scales, mins, x, out):
         matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens)
 
-    return matvec_kernel
+    return compile_variant(matvec_kernel, code=qtype_code, R=rows_per_group, T=tokens)
 
 
 def kernel_for(w: RepackedMatrix, tokens: int = 1):

@@ -37,6 +37,7 @@ from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
 from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, add_min_terms, store_row
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
+from minillm.kernels.cpu.variants import compile_variant
 
 # Which integer multiply-add the kernel emits; tests run every one this host can execute.
 GENERIC, AVX2, AVX512, AVX512_VNNI = 0, 1, 2, 3
@@ -228,7 +229,9 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
     return signature, codegen
 
 
-@njit(cache=True, parallel=True)
+# Not cached on disk: its variants (one per set of constants) would share one index (cpu/variants.py).
+# Its callers are, each variant under its own name, with this compiled into them (~1 s when new).
+@njit(parallel=True)
 def matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens, isa):
     """out (T, padded rows) ~ x (T, cols) W^T for the repacked W, int8 activations: the kernel
     itself, for compiled callers (``_kernel`` below, cpu/fused_decode.py). The last four arguments
@@ -246,12 +249,11 @@ def matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, t
 @functools.cache
 def _kernel(qtype_code: int, rows_per_group: int, tokens: int, isa: int):
     """The kernel for one code layout, R, T and instruction set, as a function of the arrays alone,
-    compiled on first use (Numba caches it on disk: the constants are part of the cache key)."""
-    @njit(cache=True)
+    compiled on first use and cached on disk (cpu/variants.py)."""
     def matvec_kernel(quants, scales, mins, x, out):
         matvec_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, tokens, isa)
 
-    return matvec_kernel
+    return compile_variant(matvec_kernel, code=qtype_code, R=rows_per_group, T=tokens, isa=isa)
 
 
 def kernel_for(w: RepackedMatrix, isa: int, tokens: int = 1):
