@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from common import RESULTS, numba_target, random_prompt, save_result
+from common import RESULTS, numba_target, random_prompt, save_result, seconds_per_call
 
 from minillm.generation.profile import profile_decode
 from minillm.generation.sampling import SamplingParams
@@ -103,9 +103,9 @@ def engine_step(model, tokenizer, prompt: list[int], steps: int, params: Samplin
             "glue_us_warm": glue_when_warm(model, tokenizer, prompt, params)}
 
 
-def glue_when_warm(model, tokenizer, prompt: list[int], params: SamplingParams, calls: int = 2000) -> dict:
-    """us of the step's batch packing and the fused step's checks, each called ``calls`` times back to
-    back on one decode step's inputs: the same Python as in a step, but with the caches warm. In a
+def glue_when_warm(model, tokenizer, prompt: list[int], params: SamplingParams) -> dict:
+    """us of the step's batch packing and the fused step's checks, each called back to back on one
+    decode step's inputs (median of 20 samples): the same Python as in a step, but with the caches warm. In a
     step it runs after the layers and the LM head have streamed ~100 MB of weights through them."""
     engine = LLMEngine(model, tokenizer, max_num_seqs=1)
     engine.add_request(prompt, dataclasses.replace(params, max_tokens=3))
@@ -123,13 +123,9 @@ def glue_when_warm(model, tokenizer, prompt: list[int], params: SamplingParams, 
     engine.runner.model.fused_decode_step = keep("fused step checks", fused_decode_step)
     engine.step()  # one decode step: its inputs kept
 
-    def us(fn, *args):
-        fn(*args)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        return 1e6 * (time.perf_counter() - start) / calls
-    return {PACKING: us(prepare, *seen[PACKING]), "fused step checks": us(fused_decode_step, *seen["fused step checks"])}
+    def us(fn, args):
+        return 1e6 * statistics.median(seconds_per_call(lambda: fn(*args), samples=20, sample_seconds=5e-3))
+    return {PACKING: us(prepare, seen[PACKING]), "fused step checks": us(fused_decode_step, seen["fused step checks"])}
 
 
 def profile(quick: bool, out_dir: Path, name: str) -> None:
