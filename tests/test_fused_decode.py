@@ -296,23 +296,49 @@ def test_a_contiguous_cache_runs_per_op(tiny_models):
 # -----------------------------------------------------------------------------
 # checked once a step, as the per-op wrappers check every call
 
-def test_a_slot_outside_the_cache_is_refused_before_any_write(tiny_models):
+# A decode step whose shapes passed once checks its values in one compiled pass (DecodeStep): each
+# bad value is refused on a batch's first step and on a later one alike.
+
+@pytest.mark.parametrize("shape_seen_before", [False, True])
+def test_a_slot_outside_the_cache_is_refused_before_any_write(tiny_models, shape_seen_before):
     model = tiny_models["llama", "fp32"]
-    cache = PagedKVCache(model.config, 4, BLOCK_SIZE, model.ops)
+    cache = PagedKVCache(model.config, 5, BLOCK_SIZE, model.ops)
+    fused_decode.DECODE_SHAPES_CHECKED.clear()
+    if shape_seen_before:
+        model.forward(np.array([1]), PagedAttentionMetadata.build([1], [3], [[4]], BLOCK_SIZE), cache)
+    cache.k[:4] = 0
     meta = PagedAttentionMetadata.build([1], [3], [[0]], BLOCK_SIZE)
-    meta.slot_mapping[:] = 4 * BLOCK_SIZE  # one past the last slot
+    meta.slot_mapping[:] = 5 * BLOCK_SIZE  # one past the last slot
     with pytest.raises(ValueError, match="slots must lie in"):
         model.forward(np.array([1]), meta, cache)
-    assert not cache.k.any(), "nothing may be written before the check"
+    assert not cache.k[:4].any(), "nothing may be written before the check"
 
 
-def test_a_block_table_naming_a_missing_block_is_refused(tiny_models):
+@pytest.mark.parametrize("shape_seen_before", [False, True])
+def test_a_block_table_naming_a_missing_block_is_refused(tiny_models, shape_seen_before):
     model = tiny_models["qwen3", "int8"]
     cache = PagedKVCache(model.config, 4, BLOCK_SIZE, model.ops)
+    fused_decode.DECODE_SHAPES_CHECKED.clear()
+    if shape_seen_before:
+        model.forward(np.array([1]), PagedAttentionMetadata.build([1], [5], [[0, 1]], BLOCK_SIZE), cache)
     meta = PagedAttentionMetadata.build([1], [5], [[0, 9]], BLOCK_SIZE)
     meta.slot_mapping[:] = 1  # a slot that exists: only the table is wrong
     with pytest.raises(ValueError, match="block tables name blocks"):
         model.forward(np.array([1]), meta, cache)
+
+
+def test_a_position_past_the_rope_tables_is_refused_on_a_shape_seen_before(tiny_models):
+    model = tiny_models["llama", "fp32"]
+    n_positions = len(model.context.cos)
+    blocks = -(-(n_positions + 1) // BLOCK_SIZE)
+    cache = PagedKVCache(model.config, blocks, BLOCK_SIZE, model.ops)
+    model.forward(np.array([1]), PagedAttentionMetadata.build([1], [3], [list(range(blocks))], BLOCK_SIZE), cache)
+    meta = PagedAttentionMetadata.build([1], [3], [list(range(blocks))], BLOCK_SIZE)
+    meta.positions[:] = n_positions  # past the tables (the model's own check is on context_lens)
+    with pytest.raises(ValueError, match="rope positions must lie in"):
+        fused_decode.DecodeStep(meta, cache.k, cache.v, model.config.n_layers, model.context.cos,
+                                model.context.sin, model.config.rope_style, model.config.rms_eps,
+                                transformer._fused_dims(model.config))
 
 
 # -----------------------------------------------------------------------------

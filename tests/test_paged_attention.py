@@ -17,7 +17,7 @@ from minillm.kernels.registry import OPS, Backend, get_backend
 from minillm.model.config import ModelConfig
 from minillm.model.kv_cache import AttentionMetadata, ContiguousKVCache
 from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.paged_cache import PagedAttentionMetadata, PagedKVCache, bytes_per_token
+from minillm.runtime.paged_cache import DecodeMetadata, PagedAttentionMetadata, PagedKVCache, bytes_per_token
 
 N_HEADS, HEAD_DIM = 6, 8
 DECODE = {"numba": paged_attention_decode, "reference": reference.paged_attention_decode}
@@ -260,6 +260,27 @@ def test_metadata_build_pads_the_tables_and_maps_each_new_token_to_its_slot():
     np.testing.assert_array_equal(meta.slot_mapping, [2 * 2 + 0, 2 * 2 + 1, 9 * 2 + 0])
     with pytest.raises(ValueError, match="one each per sequence"):
         PagedAttentionMetadata.build([2], [3, 4], [[7, 2], [5]], block_size=2)
+
+
+@pytest.mark.parametrize("context_lens, tables", [([0], [[3]]), ([5, 0, 7], [[7, 2, 4], [5], [1, 9, 6, 8]])])
+def test_decode_metadata_is_the_general_build_of_a_one_token_batch(context_lens, tables):
+    decode = DecodeMetadata.build(context_lens, tables, block_size=2)
+    general = PagedAttentionMetadata.build([1] * len(tables), context_lens, tables, block_size=2)
+    for name in ("query_lens", "context_lens", "seq_slots", "logits_indices", "query_starts", "positions",
+                 "block_tables", "slot_mapping"):
+        np.testing.assert_array_equal(getattr(decode, name), getattr(general, name), err_msg=name)
+        assert getattr(decode, name).dtype == getattr(general, name).dtype, name
+    assert decode.num_tokens == general.num_tokens and decode.max_position == general.max_position
+
+
+def test_decode_metadata_refuses_what_the_general_build_refuses():
+    with pytest.raises(ValueError, match="position 4 falls outside the 2 blocks of 2 tokens"):
+        DecodeMetadata.build([1, 4], [[3], [5, 6]], block_size=2)
+    with pytest.raises(ValueError, match="context_lens must be >= 0"):
+        DecodeMetadata.build([-1], [[3]], block_size=2)
+    for context_lens, tables in (([1, 2], [[3]]), ([], [])):
+        with pytest.raises(ValueError, match="one each per sequence, at least one sequence"):
+            DecodeMetadata.build(context_lens, tables, block_size=2)
 
 
 class TwoCaches:

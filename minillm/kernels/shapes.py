@@ -174,6 +174,18 @@ def _table_problem(block_tables, seq_lens, block_size, num_blocks):
     return TABLE_OK
 
 
+@njit(cache=True)
+def decode_values_fit(slot_mapping, n_slots, positions, n_positions, block_tables, seq_lens, block_size, num_blocks):
+    """Whether a decode batch's values are in range: every slot in the cache, every position in the
+    RoPE tables, every block table (``_table_problem``). One compiled pass over what check_write_kv,
+    check_rope and paged_decode_rows test with NumPy reductions; a fused decode step
+    (cpu/fused_decode.py) runs it every step and those checks, for their message, only when it fails."""
+    for t in range(len(slot_mapping)):
+        if not (0 <= slot_mapping[t] < n_slots and 0 <= positions[t] < n_positions):
+            return False
+    return _table_problem(block_tables, seq_lens, block_size, num_blocks) == TABLE_OK
+
+
 def check_query_starts(q: np.ndarray, query_starts: np.ndarray, context_lens: np.ndarray) -> None:
     if query_starts.shape != (len(context_lens) + 1,) or query_starts[0] != 0 or query_starts[-1] != len(q):
         raise ValueError(f"query_starts must be (B+1,) = 0 .. {len(q)} for B = {len(context_lens)} sequences, "

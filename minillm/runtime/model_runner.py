@@ -12,7 +12,7 @@ from minillm.generation.speculative import verify_draft
 from minillm.model.kv_cache import AttentionMetadata
 from minillm.model.transformer import Model
 from minillm.runtime.block_manager import BlockManager
-from minillm.runtime.paged_cache import DevicePagedKVCache, PagedAttentionMetadata, PagedKVCache
+from minillm.runtime.paged_cache import DecodeMetadata, DevicePagedKVCache, PagedAttentionMetadata, PagedKVCache
 from minillm.runtime.scheduler import RunnerOutput, ScheduledSeq, SchedulerOutput
 from minillm.runtime.sequence import Sequence
 
@@ -39,8 +39,14 @@ class ModelRunner:
         Logits are asked only for sequences whose newest token runs now; a sequence in the middle
         of a chunked prefill samples nothing. A speculative sequence gets logits at every row from
         its newest token on: row j scores the draft's token j, and the last row is the token after
-        the whole draft.
+        the whole draft. A step where every sequence runs just its newest token (most of them) gets
+        the cheaper ``DecodeMetadata``.
         """
+        block_tables = [self.block_manager.block_table(s.seq.seq_id) for s in scheduled]
+        if all(s.num_new == 1 and s.samples and not s.draft for s in scheduled):
+            token_ids = np.array([s.seq.newest_token_id for s in scheduled])  # (B,)
+            contexts = [s.seq.num_computed_tokens for s in scheduled]        # (B,)
+            return token_ids, DecodeMetadata.build(contexts, block_tables, self.block_manager.block_size)
         starts = np.array([s.seq.num_computed_tokens for s in scheduled])   # (B,) context before this step
         lens = np.array([s.num_new for s in scheduled])                     # (B,) draft tokens included
         token_ids = np.concatenate([s.seq.token_ids[a:a + s.num_new - len(s.draft)] + s.draft
@@ -49,8 +55,7 @@ class ModelRunner:
         rows = [np.arange(last - len(s.draft), last + 1)                    # 1 + k rows per sampling sequence
                 for s, last in zip(scheduled, last_rows) if s.samples]
         meta = PagedAttentionMetadata.build(
-            lens, starts, [self.block_manager.block_table(s.seq.seq_id) for s in scheduled],
-            self.block_manager.block_size,
+            lens, starts, block_tables, self.block_manager.block_size,
             logits_indices=np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
         return token_ids, meta
 
@@ -103,10 +108,10 @@ class ModelRunner:
         drafts: list[list[int]] = [[] for _ in seqs]
         for step in range(max(num_tokens, default=0)):
             active = [i for i, k in enumerate(num_tokens) if len(drafts[i]) < k]
-            tokens = np.array([drafts[i][-1] if drafts[i] else seqs[i].token_ids[-1] for i in active])  # (A,)
-            meta = PagedAttentionMetadata.build(
-                [1] * len(active), [seqs[i].num_computed_tokens + step for i in active],
-                [self.block_manager.block_table(seqs[i].seq_id) for i in active], self.block_manager.block_size)
+            tokens = np.array([drafts[i][-1] if drafts[i] else seqs[i].newest_token_id for i in active])  # (A,)
+            meta = DecodeMetadata.build([seqs[i].num_computed_tokens + step for i in active],
+                                        [self.block_manager.block_table(seqs[i].seq_id) for i in active],
+                                        self.block_manager.block_size)
             logits = self.forward(copies if step == 0 else [], tokens, meta, num_layers)   # (A, V)
             for i, guess in zip(active, np.argmax(logits, axis=-1).tolist()):
                 drafts[i].append(guess)

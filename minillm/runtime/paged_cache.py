@@ -70,14 +70,62 @@ class PagedAttentionMetadata(AttentionMetadata):
         if not 0 < len(query_lens) == len(context_lens) == len(block_tables):
             raise ValueError(f"{len(query_lens)} query_lens, {len(context_lens)} context_lens and "
                              f"{len(block_tables)} block tables: one each per sequence, at least one sequence")
-        n_seqs = len(block_tables)
-        tables = np.zeros((n_seqs, max(map(len, block_tables))), dtype=np.int32)  # (B, max_blocks)
-        for b, table in enumerate(block_tables):
-            tables[b, :len(table)] = table
         slots = [slot_mapping(table, np.arange(start, start + n), block_size)  # (query_lens[b],)
                  for table, start, n in zip(block_tables, context_lens, query_lens)]
-        return cls(query_lens, context_lens, np.arange(n_seqs), logits_indices=logits_indices,
-                   block_tables=tables, slot_mapping=np.concatenate(slots))
+        return cls(query_lens, context_lens, np.arange(len(block_tables)), logits_indices=logits_indices,
+                   block_tables=padded(block_tables), slot_mapping=np.concatenate(slots))
+
+
+def padded(block_tables: Sequence[Sequence[int]]) -> np.ndarray:
+    """The sequences' block tables as one (B, max_blocks) int32 array, zero past each table's end."""
+    if len(block_tables) == 1:
+        return np.array(block_tables, dtype=np.int32)  # (1, n_blocks)
+    tables = np.zeros((len(block_tables), max(map(len, block_tables))), dtype=np.int32)  # (B, max_blocks)
+    for b, table in enumerate(block_tables):
+        tables[b, :len(table)] = table
+    return tables
+
+
+@dataclass
+class DecodeMetadata(PagedAttentionMetadata):
+    """PagedAttentionMetadata of a pure decode batch: sequence b brings one token, at position
+    ``context_lens[b]``, and gets logits for it. Build one with ``DecodeMetadata.build``; it equals
+    ``PagedAttentionMetadata.build([1] * B, context_lens, block_tables, block_size)``.
+
+    The engine builds one every decode step, after the step's ~100 MB of weights have pushed the
+    interpreter out of the CPU caches, so each NumPy call here costs several times what it costs in
+    a loop. A decode batch's arrays follow from ``context_lens`` alone (one row per sequence:
+    query_starts 0..B, positions = context_lens, logits at every row), so they are written down
+    instead of derived, and only what can be wrong is checked: a negative context, a position its
+    block table does not reach.
+    """
+
+    def __post_init__(self):
+        n_seqs = len(self.context_lens)
+        if n_seqs == 0:
+            raise ValueError("AttentionMetadata describes no sequence")
+        if self.context_lens.min() < 0:
+            raise ValueError(f"context_lens must be >= 0, got {self.context_lens}")
+        self.query_starts = np.arange(n_seqs + 1)  # (B+1,)
+        self.positions = self.context_lens         # (B,) each new token sits right after its context
+
+    @classmethod
+    def build(cls, context_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
+              block_size: int) -> DecodeMetadata:
+        context_lens = np.array(context_lens, dtype=np.int64)  # (B,)
+        if not 0 < len(context_lens) == len(block_tables):
+            raise ValueError(f"{len(context_lens)} context_lens and {len(block_tables)} block tables: "
+                             f"one each per sequence, at least one sequence")
+        reach = np.array(list(map(len, block_tables))) * block_size  # (B,) positions each table holds
+        if (context_lens >= reach).any():
+            b = int(np.argmax(context_lens >= reach))
+            raise ValueError(f"position {context_lens[b]} falls outside the {len(block_tables[b])} blocks of "
+                             f"{block_size} tokens of its block table")
+        tables = padded(block_tables)                          # (B, max_blocks)
+        rows = np.arange(len(context_lens))                    # (B,) one row, and one logits row, per sequence
+        blocks = tables[rows, context_lens // block_size]      # (B,) the block each new token goes to
+        return cls(np.ones_like(context_lens), context_lens, rows, logits_indices=rows, block_tables=tables,
+                   slot_mapping=blocks * np.int64(block_size) + context_lens % block_size)
 
 
 # -----------------------------------------------------------------------------

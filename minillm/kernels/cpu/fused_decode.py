@@ -198,6 +198,9 @@ def layer_weights(attn_norm, qkv, wo, mlp_norm, gate_up, w_down, q_norm, k_norm,
     return key, arrays
 
 
+DECODE_SHAPES_CHECKED: set[tuple] = set()  # decode batches whose shapes passed the wrappers' checks (DecodeStep)
+
+
 class DecodeStep:
     """One step's batch, checked once, and the layers run on it: ``run(x, layer, weights)``.
 
@@ -217,29 +220,51 @@ class DecodeStep:
         if k_caches.ndim != 5 or k_caches.shape[0] < num_layers:
             raise ValueError(f"the KV cache {k_caches.shape} does not hold (n_layers >= {num_layers}, num_blocks, "
                              f"block_size, Hkv, Dh) arrays")
-        # the wrappers' own checks, on stand-ins of the shapes the layers pass them
+        self.decode = bool((meta.query_lens == 1).all())  # as PagedKVCache.attend chooses its kernel
+        if self.decode:
+            query_keys = meta.context_lens + 1  # (B,) keys each query sees, its own included
+            num_blocks, block_size = k_caches.shape[1], k_caches.shape[2]
+            shape = (tokens, dims, rope_style, k_caches.shape, v_caches.shape, k_caches.dtype, v_caches.dtype,
+                     k_caches.flags.c_contiguous, v_caches.flags.c_contiguous, cos.shape, sin.shape,
+                     meta.block_tables.shape[0], meta.block_tables.ndim, meta.block_tables.dtype,
+                     meta.slot_mapping.dtype)
+            # every step: the values, in one compiled pass; the wrappers' checks only for a new
+            # shape, or to name what is wrong (they cost ~9 us of NumPy reductions, ~3x that in a
+            # step, after the weights have pushed the interpreter out of the CPU caches)
+            if shape not in DECODE_SHAPES_CHECKED or not shapes.decode_values_fit(
+                    meta.slot_mapping, num_blocks * block_size, meta.positions, len(cos), meta.block_tables,
+                    query_keys, block_size, num_blocks):
+                self._check_as_the_wrappers_do(meta, k_caches, v_caches, cos, sin, rope_style, dims)
+                DECODE_SHAPES_CHECKED.add(shape)
+            tables, query_seq = meta.block_tables, np.arange(tokens)
+            n_chunks, jobs = key_chunks(tokens, n_kv_heads, query_keys), (np.empty(0, np.int64),) * 2
+        else:
+            tables, query_seq, query_keys = self._check_as_the_wrappers_do(meta, k_caches, v_caches, cos, sin,
+                                                                           rope_style, dims)
+            n_chunks, jobs = 1, prefill_jobs(meta.query_starts, meta.context_lens)
+        self.tokens, self.k_caches, self.v_caches = tokens, k_caches, v_caches
+        # the batch's part of every layer's arguments, in decoder_layer's order
+        self.batch = (n_heads, ffn, np.float32(eps), meta.positions, cos, sin, rope_style == "half",
+                      meta.slot_mapping, self.decode, np.ascontiguousarray(tables, dtype=np.int32),
+                      query_seq.astype(np.int64, copy=False), query_keys.astype(np.int64, copy=False), n_chunks,
+                      meta.query_starts, meta.context_lens, *jobs, np.float32(1 / math.sqrt(head_dim)))
+
+    def _check_as_the_wrappers_do(self, meta, k_caches, v_caches, cos, sin, rope_style, dims):
+        """What write_kv, rope and the paged attention wrapper check, on stand-ins of the shapes the
+        layers pass them -> the attention kernel's (block_tables, query_seq, query_keys)."""
+        _, n_heads, n_kv_heads, head_dim, _ = dims
+        tokens = meta.num_tokens
         q_probe = np.empty((tokens, n_heads, head_dim), dtype=np.float32)          # (T, H, Dh)
         kv_probe = np.empty((tokens, n_kv_heads, head_dim), dtype=np.float32)      # (T, Hkv, Dh)
         shapes.check_write_kv(k_caches[0], v_caches[0], kv_probe, kv_probe, meta.slot_mapping)
         shapes.check_contiguous_cache(k_caches, v_caches)
         shapes.check_rope(np.empty((tokens, n_heads + n_kv_heads, head_dim), dtype=np.float32), meta.positions,
                           cos, sin, rope_style)
-        self.decode = bool((meta.query_lens == 1).all())  # as PagedKVCache.attend chooses its kernel
         if self.decode:
-            tables, query_seq, query_keys = shapes.paged_decode_rows(q_probe, k_caches[0], v_caches[0],
-                                                                     meta.block_tables, meta.context_lens + 1)
-            n_chunks, jobs = key_chunks(tokens, n_kv_heads, query_keys), (np.empty(0, np.int64),) * 2
-        else:
-            tables, query_seq, query_keys = shapes.paged_prefill_rows(q_probe, k_caches[0], v_caches[0],
-                                                                      meta.block_tables, meta.query_starts,
-                                                                      meta.context_lens)
-            n_chunks, jobs = 1, prefill_jobs(meta.query_starts, meta.context_lens)
-        self.tokens, self.k_caches, self.v_caches = tokens, k_caches, v_caches
-        # the batch's part of every layer's arguments, in decoder_layer's order
-        self.batch = (n_heads, ffn, np.float32(eps), meta.positions, cos, sin, rope_style == "half",
-                      meta.slot_mapping, self.decode, np.ascontiguousarray(tables, dtype=np.int32),
-                      query_seq.astype(np.int64), query_keys.astype(np.int64), n_chunks,
-                      meta.query_starts, meta.context_lens, *jobs, np.float32(1 / math.sqrt(head_dim)))
+            return shapes.paged_decode_rows(q_probe, k_caches[0], v_caches[0], meta.block_tables,
+                                            meta.context_lens + 1)
+        return shapes.paged_prefill_rows(q_probe, k_caches[0], v_caches[0], meta.block_tables, meta.query_starts,
+                                         meta.context_lens)
 
     def run(self, x: np.ndarray, layer: int, weights: tuple[tuple, tuple]) -> np.ndarray:
         """Layer ``layer`` on the hidden states x (T, D) -> (T, D); weights from ``layer_weights``."""
