@@ -4,7 +4,7 @@ and two processes compiling different variants at once can swap them - a kernel 
 other constants, which segfaulted here. Checked on each variant factory of the package."""
 import numpy as np
 
-from minillm.kernels.cpu import fused_decode, quant_fp32, quant_int8
+from minillm.kernels.cpu import fused_decode, paged_attention, quant_fp32, quant_int8
 from minillm.kernels.cpu.quant import quantize
 from minillm.kernels.cpu.quant_repack import repack
 from minillm.kernels.cpu.variants import compile_variant
@@ -20,9 +20,10 @@ def test_each_variant_of_each_factory_has_its_own_index():
     variants = [quant_fp32._kernel(Q4, 8, 1), quant_fp32._kernel(Q4, 8, 2), quant_fp32._kernel(Q8, 8, 1),
                 quant_fp32._kernel(Q4, 4, 1),
                 quant_int8._kernel(Q4, 8, 1, quant_int8.TARGET_ISA), quant_int8._kernel(Q4, 8, 3, quant_int8.TARGET_ISA),
-                fused_decode.layer_kernel(1, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT),
-                fused_decode.layer_kernel(2, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT),
-                fused_decode.layer_kernel(1, (Q8, Q4, Q4, Q8), 8, fused_decode.EXACT)]
+                paged_attention.decode_kernel(3, 64), paged_attention.decode_kernel(2, 16),
+                fused_decode.layer_kernel(1, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT, (3, 64)),
+                fused_decode.layer_kernel(2, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT, (3, 64)),
+                fused_decode.layer_kernel(1, (Q8, Q4, Q4, Q8), 8, fused_decode.EXACT, (3, 64))]
     paths = [index_path(v) for v in variants]
     assert len(set(paths)) == len(paths), paths
 

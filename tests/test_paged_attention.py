@@ -25,7 +25,7 @@ PREFILL = {"numba": paged_attention_prefill, "reference": reference.paged_attent
 WRITE = {"numba": write_kv, "reference": reference.write_kv}
 
 
-def paged_layout(rng, seq_lens, block_size, n_kv_heads, spare_blocks=3):
+def paged_layout(rng, seq_lens, block_size, n_kv_heads, spare_blocks=3, head_dim=HEAD_DIM):
     """Random K/V per sequence, scattered into shuffled blocks of a NaN-filled cache.
 
     -> k_cache, v_cache (num_blocks, bs, Hkv, Dh); block_tables (B, max_blocks + 1) int32 whose
@@ -33,7 +33,7 @@ def paged_layout(rng, seq_lens, block_size, n_kv_heads, spare_blocks=3):
     """
     blocks_each = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_each) + spare_blocks
-    shape = (num_blocks, block_size, n_kv_heads, HEAD_DIM)
+    shape = (num_blocks, block_size, n_kv_heads, head_dim)
     k_cache, v_cache = np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32)
     order = rng.permutation(num_blocks)                      # blocks handed out in shuffled order
     poison = order[-1]                                       # a spare block: stays NaN
@@ -43,8 +43,8 @@ def paged_layout(rng, seq_lens, block_size, n_kv_heads, spare_blocks=3):
         blocks = order[used:used + blocks_each[b]]
         used += blocks_each[b]
         block_tables[b, :len(blocks)] = blocks
-        k = rng.standard_normal((n, n_kv_heads, HEAD_DIM)).astype(np.float32)  # (n, Hkv, Dh)
-        v = rng.standard_normal((n, n_kv_heads, HEAD_DIM)).astype(np.float32)  # (n, Hkv, Dh)
+        k = rng.standard_normal((n, n_kv_heads, head_dim)).astype(np.float32)  # (n, Hkv, Dh)
+        v = rng.standard_normal((n, n_kv_heads, head_dim)).astype(np.float32)  # (n, Hkv, Dh)
         for t in range(n):
             k_cache[blocks[t // block_size], t % block_size] = k[t]
             v_cache[blocks[t // block_size], t % block_size] = v[t]
@@ -62,10 +62,10 @@ LAYOUTS = [  # (block_size, n_kv_heads, sequence lengths): on, before and one pa
 ]
 
 
-def check_decode(decode, block_size, n_kv_heads, seq_lens, seed=0):
+def check_decode(decode, block_size, n_kv_heads, seq_lens, seed=0, n_heads=N_HEADS, head_dim=HEAD_DIM):
     rng = np.random.default_rng(seed)
-    k_cache, v_cache, tables, ks, vs = paged_layout(rng, seq_lens, block_size, n_kv_heads)
-    q = rng.standard_normal((len(seq_lens), N_HEADS, HEAD_DIM)).astype(np.float32)  # (B, H, Dh)
+    k_cache, v_cache, tables, ks, vs = paged_layout(rng, seq_lens, block_size, n_kv_heads, head_dim=head_dim)
+    q = rng.standard_normal((len(seq_lens), n_heads, head_dim)).astype(np.float32)  # (B, H, Dh)
     out = decode(q, k_cache, v_cache, tables, np.array(seq_lens))                   # (B, H, Dh)
     assert out.shape == q.shape and out.dtype == np.float32
     for b, n in enumerate(seq_lens):
@@ -104,6 +104,18 @@ def test_exercise_paged_decode_reads_only_the_sequences_blocks(impl):
 @pytest.mark.parametrize("block_size,n_kv_heads,seq_lens", LAYOUTS)
 def test_paged_decode_equals_contiguous_attention(impl_name, block_size, n_kv_heads, seq_lens):
     check_decode(DECODE[impl_name], block_size, n_kv_heads, seq_lens)
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [
+    (9, 3, 64),   # SmolLM2-135M: a group of 3, four vectors of 16 floats a row
+    (4, 1, 128),  # one kv head for four query heads, eight vectors a row
+    (8, 2, 48),   # three vectors of 16
+    (2, 2, 12),   # no group; vectors of 4 floats (12 is no multiple of 8)
+])
+def test_numba_decode_on_each_head_shape(n_heads, n_kv_heads, head_dim):
+    """The decode kernel is unrolled over the group and the head's vectors (cpu/paged_attention.py):
+    each shape is a kernel of its own, checked against the contiguous reference."""
+    check_decode(paged_attention_decode, 16, n_kv_heads, [1, 16, 17, 300, 700], n_heads=n_heads, head_dim=head_dim)
 
 
 PREFILL_CASES = [  # (block_size, n_kv_heads, [(cached context, new tokens), ...])

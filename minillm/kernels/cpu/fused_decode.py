@@ -98,11 +98,14 @@ def _linear_rows_typed(quants, scales, mins, x, rows, qtype_code, rows_per_group
 
 
 @functools.cache
-def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: int, isa: int):
+def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: int, isa: int,
+                 head_shape: tuple[int, int]):
     """The compiled decoder layer for ``tokens`` rows, the code layouts of (qkv, wo, gate_up, down)
-    (quant_fp32.QTYPE_CODES), R and the activation mode (EXACT or an int8 ISA). Constants, not
-    arguments: the matvec kernels unroll over them (and Numba keys its disk cache on them)."""
+    (quant_fp32.QTYPE_CODES), R, the activation mode (EXACT or an int8 ISA) and the attention's
+    head_shape = (query heads per kv head, Dh). Constants, not arguments: the matvec and attention
+    kernels unroll over them (and Numba keys its disk cache on them)."""
     qkv_code, wo_code, gate_up_code, down_code = codes
+    group, attended_dim = head_shape
     sources = KERNEL_SOURCES  # a closure constant, so part of Numba's cache key (see KERNEL_SOURCES)
 
     def decoder_layer(x, attn_norm, qkv_q, qkv_s, qkv_m, wo_q, wo_s, wo_m, mlp_norm, gate_up_q, gate_up_s, gate_up_m,
@@ -144,7 +147,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         attended = np.empty_like(q)                                                            # (T, H, Dh)
         if decode:
             paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale,
-                                   attended)
+                                   attended, group, attended_dim)
         else:
             paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens, job_seq, job_t0,
                                  scale, attended)
@@ -157,7 +160,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         hidden = swiglu_serial(np.ascontiguousarray(gate_up[:, :ffn]), np.ascontiguousarray(gate_up[:, ffn:]))
         out[:] = h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
 
-    return compile_variant(decoder_layer, T=tokens, codes=codes, R=rows_per_group, isa=isa)
+    return compile_variant(decoder_layer, T=tokens, codes=codes, R=rows_per_group, isa=isa, heads=head_shape)
 
 
 # -----------------------------------------------------------------------------
@@ -243,6 +246,7 @@ class DecodeStep:
                                                                            rope_style, dims)
             n_chunks, jobs = 1, prefill_jobs(meta.query_starts, meta.context_lens)
         self.tokens, self.k_caches, self.v_caches = tokens, k_caches, v_caches
+        self.head_shape = (n_heads // n_kv_heads, head_dim)
         # the batch's part of every layer's arguments, in decoder_layer's order
         self.batch = (n_heads, ffn, np.float32(eps), meta.positions, cos, sin, rope_style == "half",
                       meta.slot_mapping, self.decode, np.ascontiguousarray(tables, dtype=np.int32),
@@ -269,7 +273,7 @@ class DecodeStep:
     def run(self, x: np.ndarray, layer: int, weights: tuple[tuple, tuple]) -> np.ndarray:
         """Layer ``layer`` on the hidden states x (T, D) -> (T, D); weights from ``layer_weights``."""
         (codes, rows_per_group, isa), arrays = weights
-        kernel = layer_kernel(self.tokens, codes, rows_per_group, isa)
+        kernel = layer_kernel(self.tokens, codes, rows_per_group, isa, self.head_shape)
         out = np.empty_like(x)  # (T, D)
         kernel(x, *arrays, self.k_caches, self.v_caches, layer, *self.batch, out)
         return out
