@@ -6,6 +6,7 @@ and decode arithmetic is checked exactly, on hand-computed inputs and the chapte
 """
 import json
 import math
+import platform
 
 import numba
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from minillm.hardware import devices, gpu, microbench, roofline
 from minillm.hardware.machine import compile_target, describe_machine, package_versions
 from minillm.hardware.microbench import KIB, MIB
+from minillm.kernels.cpu.quant_llvm import hot_loop_asm
 
 # The H100 example of chapter 01: 70B parameters at 1 byte/weight, 3.35 TB/s HBM, 989.4 TFLOP/s dense BF16.
 N_70B, H100_BANDWIDTH, H100_PEAK = 70e9, 3.35e12, 989.4e12
@@ -339,3 +341,30 @@ def test_best_time_keeps_timing_until_its_budget_so_that_disturbed_calls_do_not_
     assert microbench.best_time(run, repeats=10) >= 0.005
     calls.clear()
     assert microbench.best_time(run, repeats=10, budget_s=0.2) < 0.001
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="reads x86 assembly")
+def test_fma_peak_runs_the_targets_widest_vectors():
+    # LLVM vectorised the earlier plain loop with 256-bit FMAs on an Intel AVX-512 host: half the peak
+    target = compile_target()
+    register = {512: "zmm", 256: "ymm"}.get(target.vector_bits, "xmm")
+    kernel = numba.njit(lambda iters, seed: microbench._fma_vectors(iters, seed))
+    kernel(4, 0)
+    hot_loop = hot_loop_asm(next(iter(kernel.inspect_asm().values())), "vfmadd")
+    fmas = [line for line in hot_loop if line.startswith("vfmadd")]
+    assert fmas and len(fmas) % microbench.fma_chains(target.vector_bits) == 0  # LLVM may unroll the loop
+    assert all(f"%{register}" in line for line in fmas), fmas
+
+
+def test_fma_peak_computes_what_it_counts():
+    # every chain of every lane follows x = x * a + b from (seed + c) / 1000: the sum of all of them
+    iters, seed = 50, 3
+    target = compile_target()
+    lanes, chains = target.vector_bits // 32, microbench.fma_chains(target.vector_bits)
+    x = (np.float32(seed) + np.arange(chains, dtype=np.float32)) * np.float32(1e-3)  # (chains,)
+    for _ in range(iters):
+        x = (x.astype(np.float64) * np.float32(0.999999) + np.float32(1e-7)).astype(np.float32)  # one rounding
+    expected = lanes * x.astype(np.float64).sum()
+    got = numba.njit(lambda n, s: microbench._fma_vectors(n, s))(iters, seed)
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert microbench.fma_flop_per_call(iters) == 2 * chains * lanes * iters

@@ -161,7 +161,8 @@ def show(*objects, focus: str | None = None, lines: int = EXCERPT_LINES) -> None
     code, the docstring and blank lines left out, starting at the first line containing ``focus`` if given. The
     chapters display the code they teach, never a copy of it; the file:line says where to read on."""
     for obj in objects:
-        source = getattr(obj, "py_func", obj)  # a Numba dispatcher keeps the Python it compiled
+        # a Numba dispatcher keeps the Python it compiled; an @intrinsic wraps its typing function
+        source = getattr(obj, "py_func", None) or inspect.unwrap(obj)
         _print_excerpt(f"{source.__module__}.{source.__qualname__}", source, focus, lines)
 
 

@@ -8,8 +8,8 @@ names), so that the command line, the chapters and the roofline all read the sam
 - latency: pointer chasing around one random cycle through the working set. Each load's address
   is the previous load's result, so nothing overlaps and no prefetcher can guess: the time per hop
   is the latency of the level the working set fits in (the staircase).
-- peak FP32 FLOP/s: a BLAS matrix multiply (what NumPy gets from a tuned library) and a Numba loop
-  of fused multiply-adds on independent accumulators (what our own compiled code can reach).
+- peak FP32 FLOP/s: a BLAS matrix multiply (what NumPy gets from a tuned library) and chains of
+  vector fused multiply-adds on independent accumulators (what our own compiled code can reach).
 - per-call overhead: what one call costs before any work is done - Python, Numba's dispatcher,
   a NumPy ufunc, a PyTorch op. Decode runs hundreds of small operators per token; this is the tax.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import platform
 import statistics
 import time
 import timeit
@@ -27,9 +28,12 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
-from minillm.hardware.machine import Machine
+from minillm.hardware.machine import Machine, compile_target
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 CACHE_LINE_BYTES = 64
@@ -229,36 +233,77 @@ def latency_sweep(sizes: list[int] | None = None, hops: int = 1 << 18, repeats: 
 # ----------------------------------------------------------------------------------------------
 # Peak FP32 FLOP/s
 
-FMA_LANES = 128   # 8 AVX-512 (or 32 NEON) registers of independent accumulators
+# Measured: an auto-vectorised Numba loop of FMAs (x[k] = x[k] * a + b over 128 lanes) reached half
+# the peak on an Intel AVX-512 host (Xeon VM, LLVM cpu rocketlake): LLVM's cost model for Intel cores
+# prefers 256-bit vectors in the loops it vectorises itself, and the loop compiled to ymm FMAs. So
+# the vectors are written out: lanes = the compile target's widest register, as the quantized
+# kernels write theirs (kernels/cpu/quant_llvm.py), and tests/test_hardware.py checks the width in
+# the assembly.
 
 
-@njit(fastmath={"contract"}, cache=True)
-def _fma_lanes(iters, seed):
-    # x = x*a + b on FMA_LANES values at once: the inner loop becomes a handful of SIMD FMAs on
-    # registers, and the lanes are independent, so the FMA units never wait for a previous result.
-    # Only "contract" (fuse x*a + b into one FMA), not full fastmath: with reassociation allowed,
-    # LLVM may merge two iterations into x*(a*a) + (a*b + b) and do half the FMAs we count.
-    x = np.empty(FMA_LANES, np.float32)   # (FMA_LANES,), kept in vector registers
-    for k in range(FMA_LANES):
-        x[k] = np.float32(k + seed) * np.float32(1e-3)
-    a, b = np.float32(0.999999), np.float32(1e-7)
-    for _ in range(iters):
-        for k in range(FMA_LANES):
-            x[k] = x[k] * a + b
-    return x.sum()
+def fma_chains(vector_bits: int) -> int:
+    """Independent accumulators: an FMA's result comes ~4 cycles after it starts and a core has up to
+    4 FMA units (Apple's), so up to 16 must be in flight; 24 of 32 registers (AVX-512, NEON), 12 of
+    16 (AVX2, where 2 units x 4 cycles need 8)."""
+    return 24 if vector_bits == 512 or platform.machine() in ("arm64", "aarch64") else 12
+
+
+@intrinsic
+def _fma_vectors(typingctx, iters, seed):
+    """Starting from x_c = (seed + c) / 1000 in every lane, chains c = 0..CHAINS-1 of `lanes` float32
+    each: x_c = x_c * a + b, iters times; returns the sum of every lane (so no FMA is dead code).
+    ``2 * CHAINS * lanes * iters`` FLOP."""
+    target = compile_target()
+    lanes, chains = target.vector_bits // 32, fma_chains(target.vector_bits)
+    vector = ir.VectorType(ir.FloatType(), lanes)
+    fma_type = ir.FunctionType(vector, [vector] * 3)
+
+    def codegen(context, builder, sig, args):
+        iters_value, seed_value = args
+        fma = cgutils.get_or_insert_function(builder.module, fma_type, f"llvm.fma.v{lanes}f32")
+
+        def splat(value: float) -> ir.Constant:
+            return ir.Constant(vector, [value] * lanes)
+
+        a, b = splat(0.999999), splat(1e-7)
+        start = builder.sitofp(seed_value, ir.FloatType())
+        x = []
+        for c in range(chains):
+            value = builder.fmul(builder.fadd(start, ir.Constant(ir.FloatType(), float(c))),
+                                 ir.Constant(ir.FloatType(), 1e-3))
+            lane_values = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+            broadcast = builder.shuffle_vector(lane_values, ir.Constant(vector, ir.Undefined),
+                                               ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+            x.append(cgutils.alloca_once_value(builder, broadcast))  # a register once mem2reg has run
+        with cgutils.for_range(builder, iters_value):
+            for chain in x:                       # the hot loop: `chains` independent vector FMAs
+                builder.store(builder.call(fma, [builder.load(chain), a, b]), chain)
+        total = builder.load(x[0])
+        for chain in x[1:]:
+            total = builder.fadd(total, builder.load(chain))
+        reduce_type = ir.FunctionType(ir.FloatType(), [ir.FloatType(), vector])
+        reduce = cgutils.get_or_insert_function(builder.module, reduce_type, f"llvm.vector.reduce.fadd.v{lanes}f32")
+        return builder.call(reduce, [ir.Constant(ir.FloatType(), 0.0), total])
+
+    return types.float32(types.int64, types.int64), codegen
+
+
+def fma_flop_per_call(iters: int) -> int:
+    target = compile_target()
+    return 2 * fma_chains(target.vector_bits) * (target.vector_bits // 32) * iters
 
 
 @njit(parallel=True, cache=True)
 def _fma_kernel(iters, threads):
     partial = np.zeros(threads, np.float32)   # (threads,)
     for t in prange(threads):
-        partial[t] = _fma_lanes(iters, t)
+        partial[t] = _fma_vectors(iters, t)
     return partial.sum()
 
 
 @dataclass(frozen=True)
 class PeakFlops:
-    method: str               # "numpy matmul (BLAS)" or "numba FMA loop"
+    method: str               # "numpy matmul (BLAS)" or "numba FMA vectors"
     gflops: float             # 1e9 floating-point operations per second (an FMA counts as 2)
     threads: int | None       # None: the BLAS library chooses
 
@@ -275,13 +320,13 @@ def gemm_flops(n: int = 1024, repeats: int = 10, budget_s: float = BUDGET_S) -> 
 
 def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 30,
               budget_s: float = BUDGET_S) -> PeakFlops:
-    """A Numba loop of FMAs on independent accumulators, one copy per thread."""
+    """Chains of vector FMAs on independent accumulators (``_fma_vectors``), one copy per thread."""
     threads = threads or numba.get_num_threads()
     if not 1 <= threads <= numba.get_num_threads():
         raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
     _fma_kernel(1, threads)
     seconds = best_time(lambda: _fma_kernel(iters, threads), repeats, budget_s)
-    return PeakFlops("numba FMA loop", 2 * FMA_LANES * iters * threads / seconds / 1e9, threads)
+    return PeakFlops("numba FMA vectors", fma_flop_per_call(iters) * threads / seconds / 1e9, threads)
 
 
 # ----------------------------------------------------------------------------------------------
