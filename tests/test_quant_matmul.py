@@ -40,6 +40,16 @@ def test_repacked_batches_match_the_oracle(qtype, activations, T, rows):
     assert_close_to_matmul(quant.qmatmul(x, repack(qm, activations)), x, qm)
 
 
+@pytest.mark.parametrize("T, cols", [(1, 32), (17, 96), (32, 1536), (45, 160)])
+@pytest.mark.parametrize("lanes", [quant_matmul.NT_NARROW, quant_matmul.NT])
+def test_x_panels_are_the_rows_transposed_lanes_at_a_time(T, cols, lanes):
+    """cols past a whole k-block (96 = 64 + 32), T off a whole panel: the padding lanes are zero."""
+    x = np.random.default_rng(T).standard_normal((T, cols)).astype(np.float32)
+    padded = np.zeros((-(-T // lanes) * lanes, cols), dtype=np.float32)
+    padded[:T] = x
+    np.testing.assert_array_equal(quant._x_panels(x, lanes), padded.reshape(-1, lanes, cols).transpose(0, 2, 1))
+
+
 @pytest.mark.parametrize("repacked", [False, True])
 def test_a_rows_result_does_not_depend_on_its_batch(repacked):
     qm = realistic_qmatrix("Q4_1", 200, 640, seed=3)

@@ -297,14 +297,33 @@ def _qmatmul(code, data, quants, scales, mins, rows_per_group, x_panels, out, n_
 NO_BYTES, NO_FLOATS = np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.float32)  # a plain QMatrix's
 
 
+PANEL_K_BLOCK = 64  # k per job of _x_panels: a job reads `lanes` rows x 64 floats and writes 64 x `lanes`
+
+
+@njit(cache=True, parallel=True)
+def _x_panels(x, lanes):
+    """x (T, cols) -> (panels, cols, lanes): x_panels[p, k, l] = x[p * lanes + l, k], zero past row T.
+
+    Blocks of 64 k, each a job: the same transpose through NumPy (pad, reshape, transpose, copy) ran
+    on one thread and 3.5-4.5x slower (T = 64..512, cols 576 and 1536: 53 us of a 473 us down
+    projection at T = 64, measured on a 2-core Xeon VM)."""
+    T, cols = x.shape
+    n_panels, n_blocks = (T + lanes - 1) // lanes, (cols + PANEL_K_BLOCK - 1) // PANEL_K_BLOCK
+    panels = np.empty((n_panels, cols, lanes), dtype=np.float32)  # (panels, cols, lanes)
+    for job in prange(n_panels * n_blocks):
+        p, block = job // n_blocks, job % n_blocks
+        for k in range(block * PANEL_K_BLOCK, min((block + 1) * PANEL_K_BLOCK, cols)):
+            for lane in range(lanes):
+                row = p * lanes + lane
+                panels[p, k, lane] = x[row, k] if row < T else np.float32(0.0)
+    return panels
+
+
 def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T; each packed weight is read and decoded once for all T rows."""
     x = _check_input(x, qm, 2)  # (T, cols)
     (T, cols), rows = x.shape, qm.shape[0]
-    lanes = NT_NARROW if T <= NT_NARROW else NT
-    padded = np.zeros((-(-T // lanes) * lanes, cols), dtype=np.float32)                   # (T padded, cols)
-    padded[:T] = x
-    x_panels = np.ascontiguousarray(padded.reshape(-1, lanes, cols).transpose(0, 2, 1))  # (panels, cols, lanes)
+    x_panels = _x_panels(x, NT_NARROW if T <= NT_NARROW else NT)  # (panels, cols, lanes)
     out = np.empty((T, rows), dtype=np.float32)
     if isinstance(qm, RepackedMatrix):
         _qmatmul(_CODES[qm.qtype], qm.data, qm.quants, qm.scales, qm.mins, qm.rows_per_group, x_panels, out,
