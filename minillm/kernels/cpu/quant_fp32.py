@@ -52,10 +52,29 @@ def unpack_fp32(builder, quants, at, qtype_code):
         low = L.load(builder, quants, at, L.vector(L.I8, 16))
         high = L.load(builder, quants, builder.add(at, L.index(16)), L.vector(L.I8, 16))
         return builder.sitofp(low, v16f), builder.sitofp(high, v16f)
-    nibbles = L.load(builder, quants, at, L.vector(L.I8, 16))
-    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * 16))
-    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * 16))
-    return builder.uitofp(low, v16f), builder.uitofp(high, v16f)
+    # widened to int32 first, then masked and shifted: one widening shuffle a block instead of two
+    # (three on AVX2: a shuffle is what Intel cores run on one port only), 5-10% faster in cache
+    # (2-core Xeon VM, AVX-512 and AVX2 code) and the same values
+    nibbles = builder.zext(L.load(builder, quants, at, L.vector(L.I8, 16)), L.vector(L.I32, 16))
+    low = builder.and_(nibbles, L.constant_vector(L.I32, [15] * 16))
+    high = builder.lshr(nibbles, L.constant_vector(L.I32, [4] * 16))
+    return builder.sitofp(low, v16f), builder.sitofp(high, v16f)
+
+
+# How far ahead of the block being unpacked the kernels ask for the packed weights. Decode streams
+# ~100 MB of them per token and the loop's work per byte is large, so the hardware prefetchers and
+# the out-of-order window alone keep too few loads in flight. Measured (2-core Xeon VM, two threads,
+# 180 copies of a Q4_1 1536 x 576 matrix cycled so they come from L3 and DRAM, as in decode, exact
+# kernel): no prefetch 50 us a matrix on AVX-512, 115 us with AVX2 code; 512 / 1024 / 2048 / 4096 /
+# 8192 bytes ahead, 39 / 35 / 32 / 32 / 32 us on AVX-512, 35 / 33 us (2048 / 4096) with AVX2 code.
+PREFETCH_BYTES = 4096
+CACHE_LINE = 64
+
+
+def prefetch_ahead(builder, quants, first_byte, block_bytes: int) -> None:
+    """Prefetch the cache lines of a block's codes PREFETCH_BYTES past ``first_byte``."""
+    for line in range(0, block_bytes, CACHE_LINE):
+        L.prefetch(builder, quants, builder.add(first_byte, L.index(PREFETCH_BYTES + line)))
 
 
 def add_min_terms(builder, mins, block_sums, first, b, R, min_terms):
@@ -112,6 +131,8 @@ def _group_dot(typingctx, quants, scales, mins, x, block_sums, group, n_blocks, 
                 x_high = [L.load(builder, x_ptr, builder.add(at, L.index(16)), v16f) for at in at_x]
                 first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
                 d = L.load(builder, d_ptr, first, vRf)                                             # (R,)
+                if first_row == 0:  # later passes re-read the group's codes from the caches
+                    prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
                 if code != Q8_0_CODE and first_row == 0:
                     for t in range(T):
                         sums_t = builder.gep(sums_ptr, [builder.mul(L.index(t), n_blocks)])

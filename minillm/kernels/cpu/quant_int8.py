@@ -35,7 +35,7 @@ from numba.core.extending import intrinsic
 
 from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
-from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, add_min_terms, store_row
+from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, add_min_terms, prefetch_ahead, store_row
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
 from minillm.kernels.cpu.variants import compile_variant
 
@@ -190,6 +190,8 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
                     d_x.append(L.splat(builder, builder.load(builder.gep(xd_ptr, [at_t])), lanes))
                 first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
                 d = L.load(builder, d_ptr, first, vRf)                                           # (R,) d_r
+                if first_row == 0:  # later passes re-read the group's codes from the caches
+                    prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
                 if code != Q8_0_CODE and first_row == 0:
                     for t in range(T):
                         sums_t = builder.gep(xs_ptr, [builder.mul(L.index(t), n_blocks)])

@@ -73,6 +73,14 @@ def call(builder, name: str, result: ir.Type, *args: ir.Value) -> ir.Value:
     return builder.call(cgutils.get_or_insert_function(builder.module, function_type, name), list(args))
 
 
+def prefetch(builder, base: ir.Value, offset: ir.Value) -> None:
+    """Ask for the cache line at base + offset bytes to be brought into every cache level (a hint:
+    an address past the array's end costs nothing and does not fault)."""
+    pointer = builder.bitcast(builder.gep(base, [offset]), I8.as_pointer())
+    read, keep_in_all_levels, data = (ir.Constant(I32, v) for v in (0, 3, 1))
+    call(builder, "llvm.prefetch.p0", ir.VoidType(), pointer, read, keep_in_all_levels, data)
+
+
 def fma(builder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a * b + c, one rounding, lane by lane."""
     return call(builder, f"llvm.fma.v{a.type.count}f32", a.type, a, b, c)
