@@ -142,6 +142,30 @@ def test_paged_prefill_chunk_on_a_cached_prefix_equals_contiguous_attention(impl
         np.testing.assert_allclose(out[rows], expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [
+    (9, 3, 64),   # SmolLM2-135M
+    (4, 1, 128),  # two micro-tiles of four vectors across a row of values
+    (8, 2, 48),   # three vectors of 16 floats
+    (2, 2, 12),   # no group; vectors of 4 floats
+])
+def test_numba_prefill_on_each_head_shape(n_heads, n_kv_heads, head_dim):
+    """The prefill kernel's tile products are unrolled over the head's vectors and pad the query
+    rows to whole micro-tiles (cpu/paged_attention.py): each shape against the contiguous
+    reference, with chunks that span several query and key tiles, on cached prefixes or none,
+    and row counts that are no multiple of a micro-tile."""
+    rng = np.random.default_rng(7)
+    chunks = [(0, 70), (100, 33), (5, 1), (63, 2)]                                     # (cached, new)
+    context_lens, query_lens = np.array([c for c, _ in chunks]), np.array([t for _, t in chunks])
+    k_cache, v_cache, tables, ks, vs = paged_layout(rng, context_lens + query_lens, 16, n_kv_heads,
+                                                    head_dim=head_dim)
+    query_starts = np.concatenate([[0], np.cumsum(query_lens)])                       # (B+1,)
+    q = rng.standard_normal((query_starts[-1], n_heads, head_dim)).astype(np.float32)  # (N, H, Dh)
+    out = paged_attention_prefill(q, k_cache, v_cache, tables, query_starts, context_lens)
+    for b, start in enumerate(context_lens):
+        rows = slice(query_starts[b], query_starts[b + 1])
+        np.testing.assert_allclose(out[rows], reference.attention(q[rows], ks[b], vs[b], start), rtol=1e-4, atol=1e-5)
+
+
 def test_numba_kernels_equal_the_numpy_reference():
     rng = np.random.default_rng(3)
     k_cache, v_cache, tables, _, _ = paged_layout(rng, [30, 9, 64], block_size=8, n_kv_heads=3)

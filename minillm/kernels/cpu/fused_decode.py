@@ -150,7 +150,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
                                    attended, group, attended_dim)
         else:
             paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens, job_seq, job_t0,
-                                 scale, attended)
+                                 scale, attended, group, attended_dim)
         h = x + linear_rows(wo_q, wo_s, wo_m, attended.reshape(tokens, n_heads * head_dim), model_dim, wo_code,
                             rows_per_group, tokens, isa)                                       # (T, D)
         # MLP block
