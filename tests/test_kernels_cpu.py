@@ -280,8 +280,9 @@ def test_swiglu_and_silu_match_the_reference(shape):
     assert_close(cpu.silu(g), reference.silu(g))
 
 
-def test_swiglu_on_column_slices_of_one_projection():
-    fused = rand(6, 2 * FFN, seed=38, scale=3.0)
+@pytest.mark.parametrize("rows", [6, 300])  # the serial and the parallel kernel
+def test_swiglu_on_column_slices_of_one_projection(rows):
+    fused = rand(rows, 2 * FFN, seed=38, scale=3.0)
     gate, up = fused[:, :FFN], fused[:, FFN:]  # views with a row stride of 2F
     assert_close(cpu.swiglu(gate, up), reference.swiglu(gate, up))
 

@@ -115,11 +115,10 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up, gate and up (T, F) -> (T, F), fused: one read of each, one write."""
     shapes.check_swiglu(gate, up)
     shapes.check_float32(gate=gate, up=up)
-    # gate and up usually arrive as the two column halves of one (T, 2F) projection. A strided row
-    # does not vectorise: at 512 x 1536 the kernel took 7.8 ms on the halves and 0.14 ms on
-    # contiguous copies (2-core Zen 4), and the two copies cost ~0.5 ms. Decode rows are contiguous.
-    gate_rows = np.ascontiguousarray(gate.reshape(-1, gate.shape[-1]))  # (T, F)
-    up_rows = np.ascontiguousarray(up.reshape(-1, up.shape[-1]))        # (T, F)
+    # gate and up are usually column halves of one (T, 2F) array: the kernels copy row by row
+    # (cpu/rows.py says why)
+    gate_rows = gate.reshape(-1, gate.shape[-1])  # (T, F)
+    up_rows = up.reshape(-1, up.shape[-1])        # (T, F)
     kernel = swiglu_parallel if _parallel(gate_rows.shape[0], gate.size) else swiglu_serial
     return kernel(gate_rows, up_rows).reshape(gate.shape)  # (T, F)
 

@@ -157,7 +157,7 @@ def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
         normed = rms_norm_serial(h, mlp_norm, eps)                                             # (T, D)
         gate_up = linear_rows(gate_up_q, gate_up_s, gate_up_m, normed, 2 * ffn, gate_up_code, rows_per_group,
                               tokens, isa)                                                     # (T, 2F)
-        hidden = swiglu_serial(np.ascontiguousarray(gate_up[:, :ffn]), np.ascontiguousarray(gate_up[:, ffn:]))
+        hidden = swiglu_serial(gate_up[:, :ffn], gate_up[:, ffn:])                             # (T, F)
         out[:] = h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
 
     return compile_variant(decoder_layer, T=tokens, codes=codes, R=rows_per_group, isa=isa, heads=head_shape)
