@@ -38,6 +38,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from minillm.hardware.machine import compile_target
+from minillm.hardware.microbench import CACHE_LINE_BYTES
 from minillm.kernels.cpu import quant_llvm as L
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
 from minillm.kernels.cpu.variants import compile_variant
@@ -69,12 +70,11 @@ def unpack_fp32(builder, quants, at, qtype_code):
 # kernel): no prefetch 50 us a matrix on AVX-512, 115 us with AVX2 code; 512 / 1024 / 2048 / 4096 /
 # 8192 bytes ahead, 39 / 35 / 32 / 32 / 32 us on AVX-512, 35 / 33 us (2048 / 4096) with AVX2 code.
 PREFETCH_BYTES = 4096
-CACHE_LINE = 64
 
 
 def prefetch_ahead(builder, quants, first_byte, block_bytes: int) -> None:
     """Prefetch the cache lines of a block's codes PREFETCH_BYTES past ``first_byte``."""
-    for line in range(0, block_bytes, CACHE_LINE):
+    for line in range(0, block_bytes, CACHE_LINE_BYTES):
         L.prefetch(builder, quants, builder.add(first_byte, L.index(PREFETCH_BYTES + line)))
 
 
@@ -132,12 +132,12 @@ def _group_dot(typingctx, quants, scales, mins, x, block_sums, group, n_blocks, 
                 x_high = [L.load(builder, x_ptr, builder.add(at, L.index(16)), v16f) for at in at_x]
                 first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
                 d = L.load(builder, d_ptr, first, vRf)                                             # (R,)
-                if first_row == 0:  # later passes re-read the group's codes from the caches
+                if first_row == 0:  # once a block: later passes re-read the group's codes from the caches
                     prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
-                if code != Q8_0_CODE and first_row == 0:
-                    for t in range(T):
-                        sums_t = builder.gep(sums_ptr, [builder.mul(L.index(t), n_blocks)])
-                        add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
+                    if code != Q8_0_CODE:  # the minimum's share (Q8_0 has no minimum)
+                        for t in range(T):
+                            sums_t = builder.gep(sums_ptr, [builder.mul(L.index(t), n_blocks)])
+                            add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
                 for r in pass_rows:
                     at = builder.mul(builder.add(first, L.index(r)), L.index(code_bytes))
                     low, high = unpack_fp32(builder, q_ptr, at, code)  # unpacked once for all T rows of x

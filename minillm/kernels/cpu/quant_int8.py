@@ -190,12 +190,12 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
                     d_x.append(L.splat(builder, builder.load(builder.gep(xd_ptr, [at_t])), lanes))
                 first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
                 d = L.load(builder, d_ptr, first, vRf)                                           # (R,) d_r
-                if first_row == 0:  # later passes re-read the group's codes from the caches
+                if first_row == 0:  # once a block: later passes re-read the group's codes from the caches
                     prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
-                if code != Q8_0_CODE and first_row == 0:
-                    for t in range(T):
-                        sums_t = builder.gep(xs_ptr, [builder.mul(L.index(t), n_blocks)])
-                        add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
+                    if code != Q8_0_CODE:  # the minimum's share (Q8_0 has no minimum)
+                        for t in range(T):
+                            sums_t = builder.gep(xs_ptr, [builder.mul(L.index(t), n_blocks)])
+                            add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
                 for v, rows in enumerate(vectors):
                     at = builder.mul(builder.add(first, L.index(rows[0])), L.index(code_bytes))
                     u, w = _unpack(builder, q_ptr, at, code, per_vector)  # once for all T rows of x
