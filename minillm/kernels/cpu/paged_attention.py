@@ -321,14 +321,15 @@ def decode_kernel(group: int, head_dim: int):
 # alternated in one process, medians of 41): 5.2 -> 2.3 ms with AVX-512 code, 5.2 -> 3.4 ms with
 # AVX2 code. The old kernel ran both products as matmul_nt_into (cpu/matmul_ladder.py's 4 x 4
 # tiles of dot products, 16 horizontal sums a tile: at Dh = 64 they cost as much as the FMAs).
-# What is left is mostly the softmax's exps (LLVM vectorises them with 256-bit registers here).
+# The largest part left is the softmax's exps (LLVM vectorises them with 256-bit registers here).
 
 PREFILL_QUERY_TILE = 32  # query tokens per job (x group heads = rows of the score tile)
 PREFILL_KEY_TILE = 64    # keys per step: the transposed key tile (16 KB at Dh = 64) stays in L1
 LANES = max(4, compile_target().vector_bits // 32)  # floats per vector register of the target
 TILE_VECTORS = 4                                     # vectors of a row a micro-tile covers
 # rows of a micro-tile: its TILE_ROWS x TILE_VECTORS accumulators, the loaded vectors and a
-# broadcast must fit the registers (32 on AVX-512, 16 on AVX2 and NEON)
+# broadcast must fit the registers: 32 on AVX-512, 16 on AVX2 (AArch64's 32 could take more rows;
+# not measured, so its targets get AVX2's tile)
 TILE_ROWS = 6 if compile_target().vector_bits == 512 else 3
 
 
