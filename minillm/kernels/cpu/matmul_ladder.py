@@ -149,15 +149,6 @@ def matmul_nt_serial(a, bt):
     return c
 
 
-@njit(cache=True, fastmath=True)
-def matmul_nt_into(a, bt, c):
-    """c[:] = a (M, K) @ bt (N, K).T on one core, into the caller's (M, N) array (a view is fine):
-    for kernels that run their own parallel loop, like quant.qmatmul with one weight tile per task."""
-    N = bt.shape[0]
-    for j_lo in range(0, N, COLUMN_BLOCK):
-        _column_block(a, bt, c, j_lo, min(j_lo + COLUMN_BLOCK, N))
-
-
 @njit(cache=True, fastmath=True, parallel=True)
 def matmul_nt_parallel(a, bt):
     """a (M, K) @ bt (N, K).T -> (M, N), column blocks spread over the cores: the kernel of v4 and linear."""

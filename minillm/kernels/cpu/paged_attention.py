@@ -211,8 +211,7 @@ def _weighted_values(typingctx, weights, v_cache, table, kv_head, s0, s1, acc, g
         _for_each_key(builder, table_ptr, s0, s1, block_size, row_of, add_value)
         for g in range(G):
             for c in range(n_vectors):
-                pointer = builder.bitcast(builder.gep(acc_ptr, [L.index(g * Dh + c * lanes)]), vec.as_pointer())
-                builder.store(builder.load(sums[g][c]), pointer, align=4)
+                L.store(builder, acc_ptr, L.index(g * Dh + c * lanes), builder.load(sums[g][c]))
         return context.get_dummy_value()
 
     return types.void(weights, v_cache, table, kv_head, s0, s1, acc, group, head_dim), codegen
@@ -319,8 +318,8 @@ def decode_kernel(group: int, head_dim: int):
 #
 # Measured (one SmolLM2 layer, a 512-token prompt, 2 threads, 2-core Xeon VM; old and new
 # alternated in one process, medians of 41): 5.2 -> 2.3 ms with AVX-512 code, 5.2 -> 3.4 ms with
-# AVX2 code. The old kernel ran both products as matmul_nt_into (cpu/matmul_ladder.py's 4 x 4
-# tiles of dot products, 16 horizontal sums a tile: at Dh = 64 they cost as much as the FMAs).
+# AVX2 code. The old kernel ran both products as the 4 x 4 tiles of dot products of
+# cpu/matmul_ladder.py (16 horizontal sums a tile: at Dh = 64 they cost as much as the FMAs).
 # The largest part left is the softmax's exps (LLVM vectorises them with 256-bit registers here).
 
 PREFILL_QUERY_TILE = 32  # query tokens per job (x group heads = rows of the score tile)
@@ -339,10 +338,6 @@ def _micro_tiles(builder, n_rows, n_vectors, body):
     with cgutils.for_range_slice(builder, L.index(0), n_rows, L.index(TILE_ROWS)) as (r0, _):
         for c0 in range(0, n_vectors, TILE_VECTORS):
             body(r0, range(c0, min(c0 + TILE_VECTORS, n_vectors)))
-
-
-def _store_vector(builder, base, at, value):
-    builder.store(value, builder.bitcast(builder.gep(base, [at]), value.type.as_pointer()), align=4)
 
 
 @intrinsic
@@ -374,7 +369,7 @@ def _tile_scores(typingctx, queries, keys_t, scores):
             for i in range(TILE_ROWS):
                 row = builder.mul(builder.add(r0, L.index(i)), L.index(PREFILL_KEY_TILE))
                 for c, col in enumerate(columns):
-                    _store_vector(builder, s_ptr, builder.add(row, L.index(col * LANES)), builder.load(acc[i][c]))
+                    L.store(builder, s_ptr, builder.add(row, L.index(col * LANES)), builder.load(acc[i][c]))
 
         _micro_tiles(builder, n_rows, n_vectors, micro_tile)
         return context.get_dummy_value()
@@ -422,7 +417,7 @@ def _tile_values(typingctx, weights, v_cache, table, kv_head, s0, s1, alpha, acc
             for i, r in enumerate(rows):
                 for c, col in enumerate(columns):
                     at = builder.add(builder.mul(r, L.index(Dh)), L.index(col * lanes))
-                    _store_vector(builder, acc_ptr, at, builder.load(sums[i][c]))
+                    L.store(builder, acc_ptr, at, builder.load(sums[i][c]))
 
         _micro_tiles(builder, n_rows, Dh // lanes, micro_tile)
         return context.get_dummy_value()

@@ -50,6 +50,11 @@ def load(builder, base: ir.Value, offset: ir.Value, vector_type: ir.Type) -> ir.
     return builder.load(pointer, align=1)
 
 
+def store(builder, base: ir.Value, offset: ir.Value, value: ir.Value) -> None:
+    """``value`` (a vector) written at base + offset elements; unaligned, as in ``load``."""
+    builder.store(value, builder.bitcast(builder.gep(base, [offset]), value.type.as_pointer()), align=1)
+
+
 def splat(builder, value: ir.Value, lanes: int) -> ir.Value:
     """A vector of ``lanes`` copies of a scalar (one broadcast instruction)."""
     undefined = ir.Constant(vector(value.type, lanes), ir.Undefined)

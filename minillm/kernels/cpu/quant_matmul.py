@@ -100,7 +100,6 @@ def decode_repacked_rows(typingctx, quants, scales, mins, qtype_code, rows_per_g
         R, group0 = args[4], args[5]
         n_rows, K = (L.array_shape(context, builder, sig.args[6], args[6], dim) for dim in (0, 1))
         n_blocks = builder.udiv(K, L.index(32))
-        v16f = L.vector(L.F32, 16)
         with cgutils.for_range(builder, builder.udiv(n_rows, R)) as groups:
             # row by row, block after block: the stores run along one row of the tile. Block by block
             # across a group's rows instead, they went to rows 6 KB apart (K = 1536) and ran 2x slower.
@@ -115,9 +114,7 @@ def decode_repacked_rows(typingctx, quants, scales, mins, qtype_code, rows_per_g
                          else L.constant_vector(L.F32, [0.0] * 16))  # Q8_0: no minimum
                     start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
                     for half, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
-                        pointer = builder.bitcast(builder.gep(tile_ptr, [builder.add(start, L.index(16 * half))]),
-                                                  v16f.as_pointer())
-                        builder.store(L.fma(builder, codes, d, m), pointer, align=4)
+                        L.store(builder, tile_ptr, builder.add(start, L.index(16 * half)), L.fma(builder, codes, d, m))
         return context.get_dummy_value()
 
     signature = types.void(quants, scales, mins, qtype_code, rows_per_group, group0, tile)
