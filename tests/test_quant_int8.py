@@ -22,7 +22,7 @@ from minillm.hardware.machine import compile_target
 from minillm.kernels import reference
 from minillm.kernels.cpu import quant
 from minillm.kernels.cpu import quant_int8
-from minillm.kernels.cpu.quant_repack import ROWS_PER_GROUP, repack
+from minillm.kernels.cpu.quant_repack import repack
 
 SHAPES = [(1, 32), (1, 576), (3, 64), (7, 96), (13, 32), (17, 576), *SMOLLM2_SHAPES]
 T_VALUES = (1, 2, 3, 4, 5, 17, 64)
@@ -43,8 +43,8 @@ def runnable_isas() -> list[int]:
 
 
 def rows_per_group_for(isa: int) -> int:
-    """The target's R for the AVX-512 kernels (they pair rows); 4, AVX2's R, for the others."""
-    return ROWS_PER_GROUP if quant_int8.rows_per_vector(isa) == 2 else 4
+    """The R each kernel takes: the rows of one vector of int32 lanes (16 on AVX-512, 8 on AVX2)."""
+    return quant_int8.chunk_lanes(isa)
 
 
 def activation_rounding_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -167,7 +167,7 @@ def test_the_hot_loop_uses_the_integer_instructions():
     elif target.isa in ("avx2", "avx512"):
         assert any(line.startswith("vpmaddubsw") for line in loop)
         assert any(line.startswith("vpmaddwd") for line in loop)
-    assert any(line.startswith("vfmadd") for line in loop)  # one FMA per block and row (pair)
+    assert any(line.startswith("vfmadd") for line in loop)  # two FMAs per block and vector of rows
 
 
 # -----------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The batched quantized matmul (quant.qmatmul, cpu/quant_matmul.py) against the oracle.
 
 - decoding: x = the identity gives W.T itself (each output is one weight times 1 plus zeros), so
-  the decoded tiles are compared bit for bit with gguf's dequantize, GGUF bytes and repacked alike;
+  the decoded tiles are compared bit for bit with gguf's dequantize, GGUF bytes and both repacked
+  layouts alike;
 - the product: x @ W.T in float64 within the fp32 accumulation bound of test_quant, on repacked
   matrices of both activation modes, T off the register block, rows off the tile and the group;
 - batch invariance: a row's result is bit for bit the same whatever rows share its call;
@@ -21,17 +22,17 @@ from minillm.kernels.cpu.quant_repack import repack
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("repacked", [False, True])
+@pytest.mark.parametrize("layout", ["GGUF", "fp32", "int8"])  # int8: 4-bit codes in 4-byte chunks
 @pytest.mark.parametrize("rows", [7, 100, quant.TILE_ROWS * 3])
-def test_the_identity_gives_the_decoded_weights_bit_for_bit(qtype, repacked, rows):
+def test_the_identity_gives_the_decoded_weights_bit_for_bit(qtype, layout, rows):
     qm = realistic_qmatrix(qtype, rows, 64 * 3, seed=rows)
-    w = repack(qm) if repacked else qm
+    w = qm if layout == "GGUF" else repack(qm, layout)
     identity = np.eye(qm.shape[1], dtype=np.float32)  # (cols, cols): T = cols rows
     np.testing.assert_array_equal(quant.qmatmul(identity, w), oracle_dequantize(qm).T)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("activations", ["fp32", "int8"])  # int8 repacks the same bytes: qmatmul is fp32
+@pytest.mark.parametrize("activations", ["fp32", "int8"])  # qmatmul is fp32 on either layout
 @pytest.mark.parametrize("T, rows", [(quant_matmul.NT_NARROW, 576), (quant_matmul.NT_NARROW + 1, 100), (70, 5),
                                      (2 * quant_matmul.NT, 600)])
 def test_repacked_batches_match_the_oracle(qtype, activations, T, rows):

@@ -1,7 +1,8 @@
 """Repacked weights (cpu/quant_repack.py) and the exact-mode SIMD matvec (cpu/quant_fp32.py) against the oracle.
 
-- the layout: every code, scale and minimum lands where the module docstring says, compared with
-  the `gguf` package's dequantization (w = d q + m for every weight);
+- the layout: every code, scale and minimum lands where the module docstring says (rows as exact
+  mode reads them, and int8 mode's 4-byte chunks of 4-bit codes), compared with the `gguf`
+  package's dequantization (w = d q + m for every weight);
 - the kernel: equal to x @ W.T in float64 (W dequantized by gguf) within the fp32 accumulation bound
   of test_quant.py, on every shape class: 1 row, rows that are not a multiple of the interleave R,
   1 block, the SmolLM2 shapes; R = 4 (AVX2's) and 8 (AVX-512's), whichever the host compiles for;
@@ -25,14 +26,18 @@ T_VALUES = (1, 2, 3, 4, 5, 17, 64)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("rows_per_group", [4, 8])
-def test_repack_puts_every_code_scale_and_minimum_in_place(qtype, rows_per_group):
+@pytest.mark.parametrize("activations, rows_per_group", [("fp32", 4), ("fp32", 8), ("int8", 8), ("int8", 16)])
+def test_repack_puts_every_code_scale_and_minimum_in_place(qtype, activations, rows_per_group):
     rows, cols = 13, 96  # a partial last group
     qm = realistic_qmatrix(qtype, rows, cols, seed=rows_per_group)
-    w = repack(qm, rows_per_group=rows_per_group)
+    w = repack(qm, activations, rows_per_group)
     groups, n_blocks, R = w.groups, cols // 32, rows_per_group
     assert isinstance(w, QMatrix) and w.shape == qm.shape and w.data is qm.data
-    codes = w.quants.reshape(groups, n_blocks, R, CODE_BYTES[qtype])
+    assert w.chunked == (activations == "int8" and qtype != "Q8_0")
+    if w.chunked:  # (groups, blocks, chunk k, R, byte i) holds code byte 4k + i of each row's block
+        codes = w.quants.reshape(groups, n_blocks, 4, R, 4).transpose(0, 1, 3, 2, 4).reshape(groups, n_blocks, R, 16)
+    else:
+        codes = w.quants.reshape(groups, n_blocks, R, CODE_BYTES[qtype])
     d = w.scales.reshape(groups, n_blocks, R)
     if qtype == "Q8_0":
         q = codes.view(np.int8).astype(np.float32)  # (groups, blocks, R, 32)

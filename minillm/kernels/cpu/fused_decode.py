@@ -184,7 +184,7 @@ def layer_weights(attn_norm, qkv, wo, mlp_norm, gate_up, w_down, q_norm, k_norm,
                 or w.rows_per_group != first.rows_per_group):
             return None
     isa = quant_int8.TARGET_ISA if first.activations == "int8" else EXACT
-    if isa != EXACT and quant_int8.rows_per_vector(isa) == 2 and first.rows_per_group % 2:
+    if isa != EXACT and any(quant_int8.rows_per_group_problem(w, isa) for w, _ in matrices):
         return None  # quant_int8.matvec_rows refuses it: let the per-op path say so
     norms = [(attn_norm, model_dim), (mlp_norm, model_dim)]
     if (q_norm is None) != (k_norm is None):

@@ -28,7 +28,8 @@ from minillm.kernels.quant_formats import (  # noqa: F401 - the public names, an
     dequantize_q4_1, dequantize_q8_0, dequantize_reference, quantize,
 )
 from minillm.kernels.cpu.quant_llvm import hot_loop_asm
-from minillm.kernels.cpu.quant_matmul import NT, NT_NARROW, WR, WR_NARROW, decode_repacked_rows, weight_rows_tile
+from minillm.kernels.cpu.quant_matmul import (NT, NT_NARROW, WR, WR_NARROW, decode_repacked_rows, repacked_layout,
+                                              weight_rows_tile)
 from minillm.kernels.cpu.quant_repack import RepackedMatrix, repack
 
 # -----------------------------------------------------------------------------------------------
@@ -257,10 +258,10 @@ K_CHUNK = 192   # k per register-block pass: 192 x NT activations (24 KB on AVX-
 
 
 @njit(cache=True, parallel=True)
-def _qmatmul(code, data, quants, scales, mins, rows_per_group, x_panels, out, n_tasks):
+def _qmatmul(code, data, quants, scales, mins, rows_per_group, layout, x_panels, out, n_tasks):
     """out (T, rows) = x @ W.T from x in panels (T padded / lanes, cols, lanes), lanes NT or (one
-    panel) NT_NARROW. W: a RepackedMatrix's arrays when rows_per_group > 0, else its GGUF bytes
-    ``data`` (code: _CODES)."""
+    panel) NT_NARROW. W: a RepackedMatrix's arrays (their code layout: quant_matmul.repacked_layout)
+    when rows_per_group > 0, else its GGUF bytes ``data`` (code: _CODES)."""
     rows, (n_panels, cols, lanes), T = data.shape[0], x_panels.shape, out.shape[0]
     n_tiles = (rows + TILE_ROWS - 1) // TILE_ROWS
     for task in prange(n_tasks):
@@ -274,10 +275,13 @@ def _qmatmul(code, data, quants, scales, mins, rows_per_group, x_panels, out, n_
                     _decode_row(code, data[first + i], tile[i])
             else:  # whole groups (a group's rows past W are zero blocks); the code layout a constant
                 groups = tile[:-(-n // rows_per_group) * rows_per_group]
-                if code == Q8_0_CODE:
+                # layouts 0, 1, 2: quant_fp32.Q8_0_CODE, quant_fp32.Q4_CODE, quant_matmul.Q4_CHUNKED
+                if layout == 0:
                     decode_repacked_rows(quants, scales, mins, 0, rows_per_group, first // rows_per_group, groups)
-                else:
+                elif layout == 1:
                     decode_repacked_rows(quants, scales, mins, 1, rows_per_group, first // rows_per_group, groups)
+                else:
+                    decode_repacked_rows(quants, scales, mins, 2, rows_per_group, first // rows_per_group, groups)
             for p in range(n_panels):
                 for k0 in range(0, cols, K_CHUNK):
                     k1 = min(k0 + K_CHUNK, cols)
@@ -326,10 +330,10 @@ def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     x_panels = _x_panels(x, NT_NARROW if T <= NT_NARROW else NT)  # (panels, cols, lanes)
     out = np.empty((T, rows), dtype=np.float32)
     if isinstance(qm, RepackedMatrix):
-        _qmatmul(_CODES[qm.qtype], qm.data, qm.quants, qm.scales, qm.mins, qm.rows_per_group, x_panels, out,
-                 numba.get_num_threads())
+        _qmatmul(_CODES[qm.qtype], qm.data, qm.quants, qm.scales, qm.mins, qm.rows_per_group, repacked_layout(qm),
+                 x_panels, out, numba.get_num_threads())
     else:
-        _qmatmul(_CODES[qm.qtype], qm.data, NO_BYTES, NO_FLOATS, NO_FLOATS, 0, x_panels, out, numba.get_num_threads())
+        _qmatmul(_CODES[qm.qtype], qm.data, NO_BYTES, NO_FLOATS, NO_FLOATS, 0, 0, x_panels, out, numba.get_num_threads())
     return out
 
 

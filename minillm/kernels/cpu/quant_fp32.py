@@ -54,10 +54,16 @@ def unpack_fp32(builder, quants, at, qtype_code):
         low = L.load(builder, quants, at, L.vector(L.I8, 16))
         high = L.load(builder, quants, builder.add(at, L.index(16)), L.vector(L.I8, 16))
         return builder.sitofp(low, v16f), builder.sitofp(high, v16f)
+    return nibbles_fp32(builder, L.load(builder, quants, at, L.vector(L.I8, 16)))
+
+
+def nibbles_fp32(builder, codes):
+    """A row's block of 4-bit codes, <16 x i8> in GGUF's order -> (weights 0..15, 16..31) as <16 x float>."""
+    v16f = L.vector(L.F32, 16)
     # widened to int32 first, then masked and shifted: one widening shuffle a block instead of two
     # (three on AVX2: a shuffle is what Intel cores run on one port only), 5-10% faster in cache
     # (2-core Xeon VM, AVX-512 and AVX2 code) and the same values
-    nibbles = builder.zext(L.load(builder, quants, at, L.vector(L.I8, 16)), L.vector(L.I32, 16))
+    nibbles = builder.zext(codes, L.vector(L.I32, 16))
     low = builder.and_(nibbles, L.constant_vector(L.I32, [15] * 16))
     high = builder.lshr(nibbles, L.constant_vector(L.I32, [4] * 16))
     return builder.sitofp(low, v16f), builder.sitofp(high, v16f)

@@ -35,7 +35,7 @@ from numba.core.extending import intrinsic
 
 from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
-from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, add_min_terms, prefetch_ahead, store_row
+from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, prefetch_ahead, store_row
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
 from minillm.kernels.cpu.variants import compile_variant
 
@@ -52,12 +52,12 @@ def target_isa() -> int:
 
 
 def rows_per_vector(isa: int) -> int:
-    """Weight rows that share one vector of 16 int32 lanes: two on AVX-512, one (8 lanes) elsewhere."""
+    """Q8_0 weight rows that share one vector of 16 int32 lanes: two on AVX-512, one (8 lanes) elsewhere."""
     return 2 if isa in (AVX512, AVX512_VNNI) else 1
 
 
 def rows_per_pass(R: int, T: int, isa: int) -> int:
-    """Rows of a group handled per pass over the blocks when x has T rows. Each (row vector, row of
+    """Q8_0 rows of a group handled per pass over the blocks when x has T rows. Each (row vector, row of
     x) pair keeps one running sum in a register: 16 of the 32 zmm registers on AVX-512, 8 of the 16
     ymm on AVX2, beside the T activation blocks and the unpacked codes. At T = 1 a pass is the
     whole group. A pass re-reads only the activations (from L1): every weight is still read once."""
@@ -105,61 +105,37 @@ def quantize_activations(x):
 # -----------------------------------------------------------------------------------------------
 # One row group's integer dot products
 
-def _dot_8_lanes(builder, isa, u, s):
-    """32 unsigned x 32 signed bytes -> <8 x i32>, lane k = the sum of products 4k..4k+3."""
-    if isa == GENERIC:
-        products = builder.mul(builder.zext(u, L.vector(L.I32, 32)), builder.sext(s, L.vector(L.I32, 32)))
-        quarters = [L.pick(builder, products, products, range(8 * k, 8 * k + 8)) for k in range(4)]
-        return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
-    pairs = L.call(builder, "llvm.x86.avx2.pmadd.ub.sw", L.vector(L.I16, 16), u, s)
-    ones = L.constant_vector(L.I16, [1] * 16)
-    return L.call(builder, "llvm.x86.avx2.pmadd.wd", L.vector(L.I32, 8), pairs, ones)
-
-
-def _dot_16_lanes(builder, isa, u, s):
-    """64 unsigned x 64 signed bytes (two rows) -> <16 x i32>: lanes 0..7 the first row, 8..15 the second."""
+def _dot_accumulate(builder, isa, acc, u, s):
+    """acc (<n x i32>) + the sums of 4 neighbouring products of u (<4n x i8>, unsigned) and s
+    (<4n x i8>, signed): lane k gains u[4k] s[4k] + ... + u[4k + 3] s[4k + 3]."""
+    n = acc.type.count
     if isa == AVX512_VNNI:
-        v16i = L.vector(L.I32, 16)
-        return L.call(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, L.constant_vector(L.I32, [0] * 16),
-                      builder.bitcast(u, v16i), builder.bitcast(s, v16i))
-    pairs = L.call(builder, "llvm.x86.avx512.pmaddubs.w.512", L.vector(L.I16, 32), u, s)
-    ones = L.constant_vector(L.I16, [1] * 32)
-    return L.call(builder, "llvm.x86.avx512.pmaddw.d.512", L.vector(L.I32, 16), pairs, ones)
+        return L.call(builder, "llvm.x86.avx512.vpdpbusd.512", acc.type, acc,
+                      builder.bitcast(u, acc.type), builder.bitcast(s, acc.type))
+    if isa == GENERIC:
+        products = builder.mul(builder.zext(u, L.vector(L.I32, 4 * n)), builder.sext(s, L.vector(L.I32, 4 * n)))
+        fours = [L.pick(builder, products, products, range(i, 4 * n, 4)) for i in range(4)]
+        return builder.add(acc, builder.add(builder.add(fours[0], fours[1]), builder.add(fours[2], fours[3])))
+    wide = isa == AVX512
+    pairs = L.call(builder, "llvm.x86.avx512.pmaddubs.w.512" if wide else "llvm.x86.avx2.pmadd.ub.sw",
+                   L.vector(L.I16, 2 * n), u, s)
+    ones = L.constant_vector(L.I16, [1] * (2 * n))
+    return builder.add(acc, L.call(builder, "llvm.x86.avx512.pmaddw.d.512" if wide else "llvm.x86.avx2.pmadd.wd",
+                                   acc.type, pairs, ones))
 
 
-def _unpack(builder, quants, at, code, per_vector):
-    """The codes of ``per_vector`` consecutive rows' block at byte ``at`` -> (unsigned codes
-    <32 * per_vector x i8>, the signed codes for the sign trick, or None for Q4).
-
-    Q4: byte j holds weight j (low nibble) and j + 16 (high), so one mask and one shift give a
-    row's weights 0..15 and 16..31; the rows of a pair share the load, the mask and the shift.
-    """
-    if code == Q8_0_CODE:  # the sign trick: |w| * (x with w's sign) = w * x
-        w = L.load(builder, quants, at, L.vector(L.I8, 32 * per_vector))
-        negative = builder.icmp_signed("<", w, L.constant_vector(L.I8, [0] * (32 * per_vector)))
-        return builder.select(negative, builder.neg(w), w), w
-    nibbles = L.load(builder, quants, at, L.vector(L.I8, 16 * per_vector))
-    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * (16 * per_vector)))
-    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * (16 * per_vector)))
-    if per_vector == 1:
-        return L.pick(builder, low, high, range(32)), None
-    return L.pick(builder, low, high, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)]), None
+def chunk_lanes(isa: int) -> int:
+    """Rows of the chunked layout (cpu/quant_repack.py) one vector of int32 lanes takes: 16 on
+    AVX-512, 8 elsewhere (AVX2; generic vectors as wide, which LLVM splits where it must)."""
+    return 16 if isa in (AVX512, AVX512_VNNI) else 8
 
 
-@intrinsic
-def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group, out,
-               qtype_code, rows_per_group, tokens, isa):
-    """out[t, group * R + r] = row r of the group . the quantized activations of row t, for one
-    group's R rows and the T rows of x (2-D C-contiguous: x_codes (T, cols), x_scales and x_sums
-    (T, blocks), out (T, padded rows))."""
-    literal = (qtype_code, rows_per_group, tokens, isa)
-    if not all(isinstance(t, types.IntegerLiteral) for t in literal):
-        return None
-    code, R, T, isa_code = (t.literal_value for t in literal)
-    code_bytes = 32 if code == Q8_0_CODE else 16
-    per_vector = rows_per_vector(isa_code)
-    lanes = 8 * per_vector
-    per_pass = rows_per_pass(R, T, isa_code)
+def _chunked_codegen(R: int, T: int, isa: int):
+    """4-bit codes in the chunked layout. Per block and vector of rows: 4 loads of codes, each
+    masked and shifted into two chunks (weights 4k.., 16 + 4k..) that meet the matching 4
+    activation codes broadcast to every lane; lane r sums row r's block in int32, then one
+    conversion and two FMAs (d_r d_x, then the minimum's m_r s_x) add it to the row's sum."""
+    lanes = chunk_lanes(isa)
 
     def codegen(context, builder, sig, args):
         q_ptr, d_ptr, m_ptr, xq_ptr, xd_ptr, xs_ptr = (L.array_data(context, builder, sig.args[i], args[i])
@@ -169,8 +145,61 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
         n_blocks = L.array_shape(context, builder, sig.args[4], args[4], 1)
         cols = builder.mul(n_blocks, L.index(32))
         padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
+        vf, vi, chunk = L.vector(L.F32, lanes), L.vector(L.I32, lanes), L.vector(L.I8, 4 * lanes)
+        acc = {(v, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
+               for v in range(R // lanes) for t in range(T)}  # (lanes,) per vector of rows and row of x
+        with cgutils.for_range(builder, n_blocks) as loop:
+            b = loop.index
+            first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
+            prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(16)), R * 16)
+            x_block = [builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))) for t in range(T)]
+            at_t = [builder.add(builder.mul(L.index(t), n_blocks), b) for t in range(T)]
+            d_x = [L.splat(builder, builder.load(builder.gep(xd_ptr, [at])), lanes) for at in at_t]
+            s_x = [L.splat(builder, builder.load(builder.gep(xs_ptr, [at])), lanes) for at in at_t]
+            for v in range(R // lanes):
+                sums = [L.constant_vector(L.I32, [0] * lanes) for _ in range(T)]  # (lanes,) int32
+                for k in range(4):
+                    at = builder.add(builder.mul(first, L.index(16)), L.index(4 * (k * R + v * lanes)))
+                    nibbles = L.load(builder, q_ptr, at, chunk)  # 4 bytes of each of `lanes` rows
+                    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * (4 * lanes)))  # weights 4k..
+                    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * (4 * lanes)))  # 16 + 4k..
+                    for t in range(T):
+                        for codes, offset in ((low, 4 * k), (high, 16 + 4 * k)):
+                            four = L.load(builder, xq_ptr, builder.add(x_block[t], L.index(offset)), L.I32)
+                            x = builder.bitcast(L.splat(builder, four, lanes), chunk)  # 4 codes, every lane
+                            sums[t] = _dot_accumulate(builder, isa, sums[t], codes, x)
+                rows = builder.add(first, L.index(v * lanes))
+                d, m = L.load(builder, d_ptr, rows, vf), L.load(builder, m_ptr, rows, vf)  # (lanes,) d_r, m_r
+                for t in range(T):
+                    total = L.fma(builder, builder.sitofp(sums[t], vf), builder.fmul(d, d_x[t]),
+                                  builder.load(acc[v, t]))
+                    builder.store(L.fma(builder, m, s_x[t], total), acc[v, t])
+        for (v, t), total in acc.items():
+            at = builder.add(builder.mul(L.index(t), padded_rows), builder.add(builder.mul(g, L.index(R)),
+                                                                               L.index(v * lanes)))
+            L.store(builder, out_ptr, at, builder.load(total))
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _q8_0_codegen(R: int, T: int, isa: int):
+    """Q8_0 codes, row by row as exact mode lays them out (32 bytes a row and block; the LM head).
+    The sign trick makes the codes unsigned; on AVX-512 two rows share a vector. Each row's lanes
+    are summed once, at the end."""
+    per_vector = rows_per_vector(isa)
+    lanes = 8 * per_vector
+    per_pass = rows_per_pass(R, T, isa)
+
+    def codegen(context, builder, sig, args):
+        q_ptr, d_ptr, xq_ptr, xd_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in (0, 1, 3, 4))
+        out_ptr = L.array_data(context, builder, sig.args[7], args[7])
+        g = args[6]
+        n_blocks = L.array_shape(context, builder, sig.args[4], args[4], 1)
+        cols = builder.mul(n_blocks, L.index(32))
+        padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
         vRf, vf = L.vector(L.F32, R), L.vector(L.F32, lanes)
-        min_terms = [L.accumulator(builder, L.constant_vector(L.F32, [0.0] * R)) for _ in range(T)]
+        bytes_ = L.vector(L.I8, 32 * per_vector)
         for first_row in range(0, R, per_pass):  # each pass: its rows' accumulators, all of the blocks
             vectors = [range(v, v + per_vector) for v in range(first_row, first_row + per_pass, per_vector)]
             acc = {(v, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
@@ -184,48 +213,52 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
                     if per_vector == 2:
                         codes = L.pick(builder, codes, codes, [*range(32), *range(32)])  # (64,) both rows'
                     x.append(codes)
-                    if code == Q8_0_CODE and isa_code != AVX2:
+                    if isa != AVX2:
                         x_negated.append(builder.sub(L.constant_vector(L.I8, [0] * (32 * per_vector)), codes))
                     at_t = builder.add(builder.mul(L.index(t), n_blocks), b)
                     d_x.append(L.splat(builder, builder.load(builder.gep(xd_ptr, [at_t])), lanes))
                 first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
                 d = L.load(builder, d_ptr, first, vRf)                                           # (R,) d_r
                 if first_row == 0:  # once a block: later passes re-read the group's codes from the caches
-                    prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
-                    if code != Q8_0_CODE:  # the minimum's share (Q8_0 has no minimum)
-                        for t in range(T):
-                            sums_t = builder.gep(xs_ptr, [builder.mul(L.index(t), n_blocks)])
-                            add_min_terms(builder, m_ptr, sums_t, first, b, R, min_terms[t])
+                    prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(32)), R * 32)
                 for v, rows in enumerate(vectors):
-                    at = builder.mul(builder.add(first, L.index(rows[0])), L.index(code_bytes))
-                    u, w = _unpack(builder, q_ptr, at, code, per_vector)  # once for all T rows of x
+                    # the sign trick: |w| * (x with w's sign) = w * x
+                    w = L.load(builder, q_ptr, builder.mul(builder.add(first, L.index(rows[0])), L.index(32)), bytes_)
+                    negative = builder.icmp_signed("<", w, L.constant_vector(L.I8, [0] * (32 * per_vector)))
+                    u = builder.select(negative, builder.neg(w), w)  # once for all T rows of x
                     d_rows = L.pick(builder, d, d, [r for r in rows for _ in range(8)])        # (lanes,)
-                    if w is not None and isa_code != AVX2:
-                        negative = builder.icmp_signed("<", w, L.constant_vector(L.I8, [0] * (32 * per_vector)))
                     for t in range(T):
-                        if w is None:
-                            s = x[t]
-                        elif isa_code == AVX2:  # vpsignb: x where w > 0, -x where w < 0 (0 where w = 0, as |w| is)
+                        if isa == AVX2:  # vpsignb: x where w > 0, -x where w < 0 (0 where w = 0, as |w| is)
                             s = L.call(builder, "llvm.x86.avx2.psign.b", L.vector(L.I8, 32), x[t], w)
                         else:
                             s = builder.select(negative, x_negated[t], x[t])
-                        if per_vector == 1:
-                            dots = _dot_8_lanes(builder, isa_code, u, s)
-                        else:
-                            dots = _dot_16_lanes(builder, isa_code, u, s)
+                        dots = _dot_accumulate(builder, isa, L.constant_vector(L.I32, [0] * lanes), u, s)
                         scale = builder.fmul(d_rows, d_x[t])                                   # (lanes,) d_r d_x
                         builder.store(L.fma(builder, builder.sitofp(dots, vf), scale, builder.load(acc[v, t])),
                                       acc[v, t])
             for t in range(T):
                 out_t = builder.gep(out_ptr, [builder.mul(L.index(t), padded_rows)])
-                terms = builder.load(min_terms[t])
                 for v, rows in enumerate(vectors):
                     total = builder.load(acc[v, t])
                     for k, r in enumerate(rows):
                         row = L.pick(builder, total, total, range(8 * k, 8 * k + 8))  # (8,) this row's lanes
-                        store_row(builder, out_t, g, R, r, row, L.lane(builder, terms, r))
+                        store_row(builder, out_t, g, R, r, row, L.F32(0.0))
         return context.get_dummy_value()
 
+    return codegen
+
+
+@intrinsic
+def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group, out,
+               qtype_code, rows_per_group, tokens, isa):
+    """out[t, group * R + r] = row r of the group . the quantized activations of row t, for one
+    group's R rows and the T rows of x (2-D C-contiguous: x_codes (T, cols), x_scales and x_sums
+    (T, blocks), out (T, padded rows))."""
+    literal = (qtype_code, rows_per_group, tokens, isa)
+    if not all(isinstance(t, types.IntegerLiteral) for t in literal):
+        return None
+    code, R, T, isa_code = (t.literal_value for t in literal)
+    codegen = (_q8_0_codegen if code == Q8_0_CODE else _chunked_codegen)(R, T, isa_code)
     signature = types.void(quants, scales, mins, x_codes, x_scales, x_sums, group, out,
                            qtype_code, rows_per_group, tokens, isa)
     return signature, codegen
@@ -258,6 +291,16 @@ def _kernel(qtype_code: int, rows_per_group: int, tokens: int, isa: int):
     return compile_variant(matvec_kernel, code=qtype_code, R=rows_per_group, T=tokens, isa=isa)
 
 
+def rows_per_group_problem(w: RepackedMatrix, isa: int) -> str | None:
+    """Why the ``isa`` kernel cannot take w's R, or None."""
+    if w.chunked and w.rows_per_group % chunk_lanes(isa):
+        return (f"the {ISA_NAMES[isa]} kernel takes 4-bit rows {chunk_lanes(isa)} to a vector: "
+                f"rows_per_group must be a multiple of {chunk_lanes(isa)}, got {w.rows_per_group}")
+    if not w.chunked and rows_per_vector(isa) == 2 and w.rows_per_group % 2:
+        return f"the {ISA_NAMES[isa]} kernel pairs Q8_0 rows: rows_per_group must be even, got {w.rows_per_group}"
+    return None
+
+
 def kernel_for(w: RepackedMatrix, isa: int, tokens: int = 1):
     return _kernel(QTYPE_CODES[w.qtype], w.rows_per_group, tokens, isa)
 
@@ -273,8 +316,9 @@ def matvec_rows(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.
     what ``matvec(x[t])`` gives. One kernel is compiled per T: callers keep T small (qlinear: <= 8)."""
     if isa is None:
         isa = TARGET_ISA
-    if rows_per_vector(isa) == 2 and w.rows_per_group % 2:
-        raise ValueError(f"the {ISA_NAMES[isa]} kernel pairs rows: rows_per_group must be even, got {w.rows_per_group}")
+    problem = rows_per_group_problem(w, isa)
+    if problem:
+        raise ValueError(problem)
     out = np.empty((x.shape[0], w.groups * w.rows_per_group), dtype=np.float32)  # (T, padded rows)
     kernel_for(w, isa, x.shape[0])(w.quants, w.scales, w.mins, x, out)
     return out[:, :w.shape[0]]

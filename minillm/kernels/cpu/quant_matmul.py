@@ -39,7 +39,8 @@ from numba.core.extending import intrinsic
 
 from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
-from minillm.kernels.cpu.quant_fp32 import Q4_CODE, Q8_0_CODE, unpack_fp32
+from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, nibbles_fp32, unpack_fp32
+from minillm.kernels.cpu.quant_repack import RepackedMatrix
 
 # weight rows (WR) and lanes of x rows (NT) in one register block: 12 x 2 zmm of 32 registers on
 # AVX-512, 6 x 2 ymm of 16 on AVX2 (NEON's 32 registers of 4 lanes: 6 x 4). A batch of at most
@@ -84,14 +85,33 @@ def weight_rows_tile(typingctx, x_panel, tile, out_t, row0, tile_row0, k0, k1, w
     return types.void(x_panel, tile, out_t, row0, tile_row0, k0, k1, weight_rows, lanes), codegen
 
 
+Q4_CHUNKED = 2  # a layout beside quant_fp32's Q8_0_CODE and Q4_CODE: int8 mode's 4-bit codes
+
+
+def repacked_layout(w: RepackedMatrix) -> int:
+    """Where decode_repacked_rows finds w's codes: rows as exact mode lays them, or chunked."""
+    return Q4_CHUNKED if w.chunked else QTYPE_CODES[w.qtype]
+
+
+def _chunked_row_codes(builder, quants, first, R, row):
+    """Row ``row``'s 16 code bytes of the block whose group starts at element ``first`` (its
+    rows' scales), gathered from the 4 chunks of the chunked layout (cpu/quant_repack.py)."""
+    codes = L.constant_vector(L.I32, [0] * 4)
+    for k in range(4):
+        at = builder.add(builder.mul(first, L.index(16)), builder.mul(builder.add(builder.mul(L.index(k), R), row),
+                                                                      L.index(4)))
+        codes = builder.insert_element(codes, L.load(builder, quants, at, L.I32), L.index(k))
+    return builder.bitcast(codes, L.vector(L.I8, 16))
+
+
 @intrinsic
-def decode_repacked_rows(typingctx, quants, scales, mins, qtype_code, rows_per_group, group0, tile):
+def decode_repacked_rows(typingctx, quants, scales, mins, layout, rows_per_group, group0, tile):
     """tile[i] = row group0 * R + i of the repacked W, in fp32, for i < tile rows (a multiple of R):
     quants, scales, mins a RepackedMatrix's arrays, tile (rows, K) C-contiguous float32; the code
-    layout (quant_fp32.QTYPE_CODES) a compile-time constant. Nothing is checked."""
-    if not isinstance(qtype_code, types.IntegerLiteral):
+    layout (``repacked_layout``) a compile-time constant. Nothing is checked."""
+    if not isinstance(layout, types.IntegerLiteral):
         return None
-    code = qtype_code.literal_value
+    code = layout.literal_value
     code_bytes = 32 if code == Q8_0_CODE else 16
 
     def codegen(context, builder, sig, args):
@@ -107,15 +127,19 @@ def decode_repacked_rows(typingctx, quants, scales, mins, qtype_code, rows_per_g
                 row = builder.add(builder.mul(groups.index, R), rows.index)
                 with cgutils.for_range(builder, n_blocks) as blocks:
                     g, b = builder.add(group0, groups.index), blocks.index
-                    at = builder.add(builder.mul(builder.add(builder.mul(g, n_blocks), b), R), rows.index)
-                    low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
+                    first = builder.mul(builder.add(builder.mul(g, n_blocks), b), R)
+                    at = builder.add(first, rows.index)
+                    if code == Q4_CHUNKED:
+                        low, high = nibbles_fp32(builder, _chunked_row_codes(builder, q_ptr, first, R, rows.index))
+                    else:
+                        low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
                     d = L.splat(builder, builder.load(builder.gep(d_ptr, [at])), 16)
-                    m = (L.splat(builder, builder.load(builder.gep(m_ptr, [at])), 16) if code == Q4_CODE
-                         else L.constant_vector(L.F32, [0.0] * 16))  # Q8_0: no minimum
+                    m = (L.constant_vector(L.F32, [0.0] * 16) if code == Q8_0_CODE  # Q8_0: no minimum
+                         else L.splat(builder, builder.load(builder.gep(m_ptr, [at])), 16))
                     start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
                     for half, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
                         L.store(builder, tile_ptr, builder.add(start, L.index(16 * half)), L.fma(builder, codes, d, m))
         return context.get_dummy_value()
 
-    signature = types.void(quants, scales, mins, qtype_code, rows_per_group, group0, tile)
+    signature = types.void(quants, scales, mins, layout, rows_per_group, group0, tile)
     return signature, codegen

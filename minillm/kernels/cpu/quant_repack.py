@@ -18,6 +18,19 @@ Rows are padded with zero blocks to a multiple of R; the kernels' padded outputs
 R (``ROWS_PER_GROUP``) follows the target's registers: each row holds one accumulator of 16 fp32
 lanes, which is one AVX-512 register of 32 or two AVX2 registers of 16.
 
+4-bit codes for the int8 kernel (``chunked``) lie otherwise: a block's R rows are interleaved in
+chunks of 4 bytes, so that each 32-bit lane of a vector holds one row's codes:
+
+    quants  uint8 (groups, blocks, 4, R, 4)     [g, b, k, r, i] = GGUF code byte 4k + i of row r in
+                                                block b: its low nibbles are weights 4k..4k+3, its
+                                                high ones 16 + 4k..16 + 4k + 3
+
+One integer dot-product instruction then takes 4 weights of each of 16 (AVX-512) or 8 (AVX2) rows
+against 4 activation codes broadcast to every lane, and a lane ends the block holding its row's
+whole sum: no horizontal sums and no shuffles (what llama.cpp's repacked Q4_0 "8x8" layouts do).
+R is then a multiple of those lanes (``INT8_ROWS_PER_GROUP``, also for the Q8_0 matrices beside
+them, so that one layer's matrices share R).
+
 ``RepackedMatrix`` is a ``QMatrix`` (the GGUF bytes stay, for the reference backend, the
 embedding lookup and the batched kernel) that also carries the repacked arrays and the activation
 mode ("fp32": exact; "int8": activations quantized per block, integer dot products).
@@ -37,6 +50,7 @@ from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE, QMatrix
 # AVX2 R = 2 / 4 / 8: 93 / 90 / 84 us; AVX-512 R = 4 / 8: 65 / 66 us (noisy shared machine).
 # The AVX-512 int8 kernel needs R even (it puts two rows in one register).
 ROWS_PER_GROUP = 8 if compile_target().vector_bits == 512 else 4
+INT8_ROWS_PER_GROUP = 16 if compile_target().vector_bits == 512 else 8  # rows a vector of int32 lanes holds
 ACTIVATIONS = ("fp32", "int8")
 CODE_BYTES = {"Q8_0": 32, "Q4_0": 16, "Q4_1": 16}  # bytes of codes per block (the rest: d, m)
 
@@ -54,6 +68,11 @@ class RepackedMatrix(QMatrix):
     def __post_init__(self):
         super().__post_init__()
         check_activations(self.activations)
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the codes lie in 4-byte chunks of R rows (int8 activations, 4-bit codes)."""
+        return self.activations == "int8" and self.qtype != "Q8_0"
 
     @property
     def groups(self) -> int:
@@ -81,11 +100,15 @@ def _group_major(a: np.ndarray, rows_per_group: int) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(grouped, 1, 2)).reshape(-1)
 
 
-def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int = ROWS_PER_GROUP) -> RepackedMatrix:
-    """The SIMD layout of ``qm``, for the fp32 ("exact") or int8 activation kernels."""
+def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int | None = None) -> RepackedMatrix:
+    """The SIMD layout of ``qm``, for the fp32 ("exact") or int8 activation kernels; R this target's
+    for the mode unless given."""
     check_activations(activations)
     if isinstance(qm, RepackedMatrix):
         qm = QMatrix(qm.qtype, qm.shape, qm.data)
+    if rows_per_group is None:
+        rows_per_group = INT8_ROWS_PER_GROUP if activations == "int8" else ROWS_PER_GROUP
+    chunked = activations == "int8" and qm.qtype != "Q8_0"
     rows, cols = qm.shape
     n_blocks = cols // BLOCK_SIZE
     padded = -(-rows // rows_per_group) * rows_per_group
@@ -97,6 +120,9 @@ def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int = ROWS_PE
     else:
         mins = _group_major(_fp16_field(blocks, 2) if qm.qtype == "Q4_1" else d * np.float32(-8), rows_per_group)
     codes = blocks[:, :, -CODE_BYTES[qm.qtype]:]  # (padded, blocks, code bytes)
-    return RepackedMatrix(qm.qtype, qm.shape, qm.data, quants=_group_major(codes, rows_per_group),
+    quants = _group_major(codes, rows_per_group)  # (groups, blocks, R, code bytes)
+    if chunked:  # (groups * blocks, R, 4 chunks, 4) -> (groups * blocks, 4 chunks, R, 4)
+        quants = np.ascontiguousarray(quants.reshape(-1, rows_per_group, 4, 4).swapaxes(1, 2)).reshape(-1)
+    return RepackedMatrix(qm.qtype, qm.shape, qm.data, quants=quants,
                           scales=_group_major(d, rows_per_group), mins=mins,
                           rows_per_group=rows_per_group, activations=activations)
