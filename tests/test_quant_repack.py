@@ -19,7 +19,7 @@ from minillm.kernels import reference
 from minillm.kernels.cpu import quant
 from minillm.kernels.cpu import quant_fp32
 from minillm.kernels.cpu.quant import QMatrix
-from minillm.kernels.cpu.quant_repack import CODE_BYTES, ROWS_PER_GROUP, RepackedMatrix, repack
+from minillm.kernels.cpu.quant_repack import CODE_BYTES, HALF_SCALES, ROWS_PER_GROUP, RepackedMatrix, repack
 
 SHAPES = [(1, 32), (1, 576), (3, 64), (7, 96), (13, 32), (17, 576), *SMOLLM2_SHAPES]
 T_VALUES = (1, 2, 3, 4, 5, 17, 64)
@@ -38,13 +38,16 @@ def test_repack_puts_every_code_scale_and_minimum_in_place(qtype, activations, r
         codes = w.quants.reshape(groups, n_blocks, 4, R, 4).transpose(0, 1, 3, 2, 4).reshape(groups, n_blocks, R, 16)
     else:
         codes = w.quants.reshape(groups, n_blocks, R, CODE_BYTES[qtype])
-    d = w.scales.reshape(groups, n_blocks, R)
+    half = w.chunked and HALF_SCALES  # scales and minimums as fp16 bits
+    assert w.scales.dtype == (np.uint16 if half else np.float32)
+    as_float = (lambda a: a.view(np.float16).astype(np.float32)) if half else (lambda a: a)
+    d = as_float(w.scales).reshape(groups, n_blocks, R)
     if qtype == "Q8_0":
         q = codes.view(np.int8).astype(np.float32)  # (groups, blocks, R, 32)
         m = np.zeros_like(d)
     else:
         q = np.concatenate([codes & 15, codes >> 4], axis=-1).astype(np.float32)  # (groups, blocks, R, 32)
-        m = w.mins.reshape(groups, n_blocks, R)
+        m = as_float(w.mins).reshape(groups, n_blocks, R)
     weights = q * d[..., None] + m[..., None]  # (groups, blocks, R, 32)
     weights = weights.transpose(0, 2, 1, 3).reshape(groups * R, cols)  # (padded rows, cols)
     np.testing.assert_array_equal(weights[:rows], oracle_dequantize(qm))

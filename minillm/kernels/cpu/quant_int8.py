@@ -6,12 +6,18 @@ s_x = d_x * sum q_x). A weight block then costs one integer dot product:
 
     y_r += d_r d_x * (sum_j q_rj q_xj) + m_r s_x        (Q4_0 folds its -8 into m_r = -8 d_r)
 
-sum_j q_rj q_xj is exact in int32. On x86 it is two instructions: ``vpmaddubsw`` multiplies 32
-unsigned weight codes by 32 signed activation codes and adds neighbours into 16 int16 (at most
+sum_j q_rj q_xj is exact in int32. On x86 it takes integer multiply-adds of bytes: ``vpmaddubsw``
+multiplies unsigned weight codes by signed activation codes and adds neighbours into int16 (at most
 2 * 15 * 127, or 2 * 128 * 127 for Q8_0: no saturation), ``vpmaddwd`` against ones adds those into
-8 int32. AVX-512 does two rows per instruction; VNNI fuses both into ``vpdpbusd``. Q8_0 weights are
-signed: the kernel multiplies |w| by x with w's sign (the "sign trick"). Targets without these
-instructions (Arm, SSE) get the same arithmetic as generic vector IR - widen, multiply, add.
+int32 lanes, 4 products each; VNNI fuses both into ``vpdpbusd``. Which 4 products meet in a lane is
+the layout's choice. 4-bit codes come in 4-byte chunks of 16 rows (8 on AVX2; cpu/quant_repack.py):
+one instruction takes 4 weights of each row against the same 4 activation codes, broadcast to
+every lane, and after a block's 8 chunks lane r holds row r's whole integer sum - one conversion
+and two FMAs per block and 16 rows, no shuffles, no horizontal sums. Q8_0 (the LM head) keeps
+exact mode's rows: a block of a row fills 8 lanes (two rows to a 512-bit vector), summed across
+lanes at the end; its weights are signed, so the kernel multiplies |w| by x with w's sign (the
+"sign trick"). Targets without these instructions (Arm, SSE) get the same arithmetic as generic
+vector IR - widen, multiply, add.
 The only rounding is the activations' (and fp32 sums, as in exact mode): the quality cost is
 measured against exact mode, not assumed (model/quality.py; chapter 04 prints it).
 
@@ -134,7 +140,8 @@ def _chunked_codegen(R: int, T: int, isa: int):
     """4-bit codes in the chunked layout. Per block and vector of rows: 4 loads of codes, each
     masked and shifted into two chunks (weights 4k.., 16 + 4k..) that meet the matching 4
     activation codes broadcast to every lane; lane r sums row r's block in int32, then one
-    conversion and two FMAs (d_r d_x, then the minimum's m_r s_x) add it to the row's sum."""
+    conversion and two FMAs (d_r d_x, then the minimum's m_r s_x) add it to the row's sum; d and m
+    widened from fp16 where the repacked matrix keeps them so."""
     lanes = chunk_lanes(isa)
 
     def codegen(context, builder, sig, args):
@@ -142,10 +149,11 @@ def _chunked_codegen(R: int, T: int, isa: int):
                                                        for i in range(6))
         out_ptr = L.array_data(context, builder, sig.args[7], args[7])
         g = args[6]
+        half = sig.args[1].dtype == types.uint16
         n_blocks = L.array_shape(context, builder, sig.args[4], args[4], 1)
         cols = builder.mul(n_blocks, L.index(32))
         padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
-        vf, vi, chunk = L.vector(L.F32, lanes), L.vector(L.I32, lanes), L.vector(L.I8, 4 * lanes)
+        vf, chunk = L.vector(L.F32, lanes), L.vector(L.I8, 4 * lanes)
         acc = {(v, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
                for v in range(R // lanes) for t in range(T)}  # (lanes,) per vector of rows and row of x
         with cgutils.for_range(builder, n_blocks) as loop:
@@ -169,7 +177,10 @@ def _chunked_codegen(R: int, T: int, isa: int):
                             x = builder.bitcast(L.splat(builder, four, lanes), chunk)  # 4 codes, every lane
                             sums[t] = _dot_accumulate(builder, isa, sums[t], codes, x)
                 rows = builder.add(first, L.index(v * lanes))
-                d, m = L.load(builder, d_ptr, rows, vf), L.load(builder, m_ptr, rows, vf)  # (lanes,) d_r, m_r
+                if half:  # fp16 bits (cpu/quant_repack.py)
+                    d, m = (L.widen_half(builder, L.load(builder, p, rows, L.vector(L.I16, lanes))) for p in (d_ptr, m_ptr))
+                else:
+                    d, m = L.load(builder, d_ptr, rows, vf), L.load(builder, m_ptr, rows, vf)  # (lanes,) d_r, m_r
                 for t in range(T):
                     total = L.fma(builder, builder.sitofp(sums[t], vf), builder.fmul(d, d_x[t]),
                                   builder.load(acc[v, t]))

@@ -55,6 +55,18 @@ def store(builder, base: ir.Value, offset: ir.Value, value: ir.Value) -> None:
     builder.store(value, builder.bitcast(builder.gep(base, [offset]), value.type.as_pointer()), align=1)
 
 
+def widen_half(builder, bits: ir.Value) -> ir.Value:
+    """fp16 numbers given as their bits (i16, or a vector of them) -> float32, exactly: one
+    ``vcvtph2ps`` (F16C, on every x86 CPU with AVX2) or AArch64's ``fcvtl``. Targets without such
+    an instruction must not get here (quant_repack.HALF_SCALES): there LLVM calls a runtime helper
+    that Numba does not link (a segfault, seen with NUMBA_CPU_NAME=x86-64)."""
+    if isinstance(bits.type, ir.VectorType):
+        half, single = vector(ir.HalfType(), bits.type.count), vector(F32, bits.type.count)
+    else:
+        half, single = ir.HalfType(), F32
+    return builder.fpext(builder.bitcast(bits, half), single)
+
+
 def splat(builder, value: ir.Value, lanes: int) -> ir.Value:
     """A vector of ``lanes`` copies of a scalar (one broadcast instruction)."""
     undefined = ir.Constant(vector(value.type, lanes), ir.Undefined)

@@ -118,6 +118,7 @@ def decode_repacked_rows(typingctx, quants, scales, mins, layout, rows_per_group
         q_ptr, d_ptr, m_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in range(3))
         tile_ptr = L.array_data(context, builder, sig.args[6], args[6])
         R, group0 = args[4], args[5]
+        half = sig.args[1].dtype == types.uint16
         n_rows, K = (L.array_shape(context, builder, sig.args[6], args[6], dim) for dim in (0, 1))
         n_blocks = builder.udiv(K, L.index(32))
         with cgutils.for_range(builder, builder.udiv(n_rows, R)) as groups:
@@ -133,9 +134,12 @@ def decode_repacked_rows(typingctx, quants, scales, mins, layout, rows_per_group
                         low, high = nibbles_fp32(builder, _chunked_row_codes(builder, q_ptr, first, R, rows.index))
                     else:
                         low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
-                    d = L.splat(builder, builder.load(builder.gep(d_ptr, [at])), 16)
-                    m = (L.constant_vector(L.F32, [0.0] * 16) if code == Q8_0_CODE  # Q8_0: no minimum
-                         else L.splat(builder, builder.load(builder.gep(m_ptr, [at])), 16))
+                    def row_value(array):  # this row's d or m, widened if stored as fp16 bits (chunked)
+                        value = builder.load(builder.gep(array, [at]))
+                        return L.splat(builder, L.widen_half(builder, value) if half else value, 16)
+
+                    d = row_value(d_ptr)
+                    m = L.constant_vector(L.F32, [0.0] * 16) if code == Q8_0_CODE else row_value(m_ptr)  # Q8_0: no m
                     start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
                     for half, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
                         L.store(builder, tile_ptr, builder.add(start, L.index(16 * half)), L.fma(builder, codes, d, m))

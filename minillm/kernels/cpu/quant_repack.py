@@ -29,7 +29,10 @@ One integer dot-product instruction then takes 4 weights of each of 16 (AVX-512)
 against 4 activation codes broadcast to every lane, and a lane ends the block holding its row's
 whole sum: no horizontal sums and no shuffles (what llama.cpp's repacked Q4_0 "8x8" layouts do).
 R is then a multiple of those lanes (``INT8_ROWS_PER_GROUP``, also for the Q8_0 matrices beside
-them, so that one layer's matrices share R).
+them, so that one layer's matrices share R). Their scales and minimums stay fp16 (``uint16``
+arrays of the bits, as Numba has no float16 type), so that a block costs the GGUF file's 20
+bytes instead of 24: decode streams the layers from DRAM, and this kernel is fast enough to wait
+on it. One instruction widens 16 of them (where the target has one: ``HALF_SCALES``).
 
 ``RepackedMatrix`` is a ``QMatrix`` (the GGUF bytes stay, for the reference backend, the
 embedding lookup and the batched kernel) that also carries the repacked arrays and the activation
@@ -37,6 +40,7 @@ mode ("fp32": exact; "int8": activations quantized per block, integer dot produc
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +55,9 @@ from minillm.kernels.quant_formats import BLOCK_BYTES, BLOCK_SIZE, QMatrix
 # The AVX-512 int8 kernel needs R even (it puts two rows in one register).
 ROWS_PER_GROUP = 8 if compile_target().vector_bits == 512 else 4
 INT8_ROWS_PER_GROUP = 16 if compile_target().vector_bits == 512 else 8  # rows a vector of int32 lanes holds
+# fp16 scales for the chunked layout where the target widens fp16 in hardware (quant_llvm.widen_half):
+# every AVX2 or AVX-512 x86 CPU (F16C) and AArch64; older x86 targets keep float32
+HALF_SCALES = platform.machine() in ("arm64", "aarch64") or compile_target().vector_bits >= 256
 ACTIVATIONS = ("fp32", "int8")
 CODE_BYTES = {"Q8_0": 32, "Q4_0": 16, "Q4_1": 16}  # bytes of codes per block (the rest: d, m)
 
@@ -60,8 +67,8 @@ class RepackedMatrix(QMatrix):
     """A QMatrix plus its SIMD layout (see the module docstring); ``rows_per_group`` is R."""
 
     quants: np.ndarray       # uint8 (groups * blocks * R * code bytes,)
-    scales: np.ndarray       # float32 (groups * blocks * R,)
-    mins: np.ndarray         # float32 (groups * blocks * R,); empty for Q8_0
+    scales: np.ndarray       # float32 (groups * blocks * R,); chunked: uint16 fp16 bits (HALF_SCALES)
+    mins: np.ndarray         # as scales; empty for Q8_0
     rows_per_group: int
     activations: str
 
@@ -120,9 +127,10 @@ def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int | None = 
     else:
         mins = _group_major(_fp16_field(blocks, 2) if qm.qtype == "Q4_1" else d * np.float32(-8), rows_per_group)
     codes = blocks[:, :, -CODE_BYTES[qm.qtype]:]  # (padded, blocks, code bytes)
-    quants = _group_major(codes, rows_per_group)  # (groups, blocks, R, code bytes)
+    quants, scales = _group_major(codes, rows_per_group), _group_major(d, rows_per_group)  # (groups, blocks, R, ...)
     if chunked:  # (groups * blocks, R, 4 chunks, 4) -> (groups * blocks, 4 chunks, R, 4)
         quants = np.ascontiguousarray(quants.reshape(-1, rows_per_group, 4, 4).swapaxes(1, 2)).reshape(-1)
-    return RepackedMatrix(qm.qtype, qm.shape, qm.data, quants=quants,
-                          scales=_group_major(d, rows_per_group), mins=mins,
+        if HALF_SCALES:  # back to the file's fp16 (exact: they came from there; -8 d only moves the exponent)
+            scales, mins = (a.astype(np.float16).view(np.uint16) for a in (scales, mins))
+    return RepackedMatrix(qm.qtype, qm.shape, qm.data, quants=quants, scales=scales, mins=mins,
                           rows_per_group=rows_per_group, activations=activations)
