@@ -16,7 +16,7 @@
 # Wall time on the 2-core Xeon, quiet (estimates): decode, both code paths, ~8 min; decode --profile,
 # both code paths, ~2 min; quant_quality ~1 min; quant_matvec, on all cores and on one, ~10 min; kernels_cpu ~8 min; throughput ~40 min (transformers'
 # padded batch of 64 requests takes ~8 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
-# speculative ~10 min, its --crossover run ~1 min; structured ~10 min, its --coverage run ~4 min (25 schemas, measured on a 2-core Zen 5); scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
+# speculative ~10 min, its --crossover run ~1 min (both again in int8 mode); structured ~10 min, its --coverage run ~4 min (25 schemas, measured on a 2-core Zen 5); scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
 # f0bbb69), both code paths, ~12 min. The llama.cpp peers must be built
 # first (~9 minutes each): `make bench-peers` and `benchmarks/build_peers.sh avx2`.
 set -euo pipefail
@@ -43,9 +43,13 @@ for bench in $WHICH; do
         throughput) $PY benchmarks/throughput.py --out "$OUT" ;;
         prefix_cache) $PY benchmarks/prefix_cache.py && into_out prefix_cache ;;
         serving) $PY benchmarks/serving.py && into_out serving ;;
-        # the crossover weighs verify against plain forwards with the acceptance the first run measured
+        # the crossover weighs verify against plain forwards with the acceptance the first run measured;
+        # then both again in int8 mode, where a verify's rows run the T-row integer kernel
         speculative) $PY benchmarks/speculative.py && $PY benchmarks/speculative.py --crossover \
-                         && into_out speculative && into_out speculative_crossover ;;
+                         && $PY benchmarks/speculative.py --activations int8 \
+                         && $PY benchmarks/speculative.py --crossover --activations int8 \
+                         && for f in speculative speculative_crossover speculative_int8 speculative_crossover_int8; do
+                                into_out $f; done ;;
         structured) $PY benchmarks/structured.py --out "$OUT" && $PY benchmarks/structured.py --coverage --out "$OUT" ;;
         scale_out) $PY benchmarks/scale_out.py --out "$OUT" ;;
         soak) $PY benchmarks/soak.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;

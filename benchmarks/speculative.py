@@ -15,7 +15,9 @@ plain and with its ``LlamaPromptLookupDecoding`` draft model. Each request's rat
 tokens over its wall time (prefill included, alike for all). "Single stream" runs the prompts one
 after another; "8 concurrent" (minillm only: llama-cpp-python serves one sequence) gives the
 engine all of them at once, 8 at a time. Goal: >= 1.8x single-stream on input-grounded, >= 0.95x
-on open-ended. Results: benchmarks/results/speculative.json.
+on open-ended. Results: benchmarks/results/speculative.json; with ``--activations int8`` (every
+minillm contender in int8 mode, where a verify's k + 1 rows run the T-row integer kernel),
+speculative_int8.json.
 
     .venv/bin/python benchmarks/speculative.py --crossover [--activations int8]
 
@@ -86,20 +88,21 @@ OPEN = [
 class Minillm:
     """minillm's engine, plain or speculative; every call runs on a fresh engine."""
 
-    def __init__(self, threads: int, speculative: dict | None = None):
+    def __init__(self, threads: int, speculative: dict | None = None, activations: str = "fp32"):
         import numba
 
         import minillm
 
         numba.set_num_threads(threads)
-        self.speculative = speculative
-        self.llm = minillm.LLM(speculative=speculative)
+        self.speculative, self.activations = speculative, activations
+        self.llm = minillm.LLM(speculative=speculative, activations=activations)
 
     def stamp(self) -> dict:
         import numba
         from common import numba_target
 
-        return {"isa": numba_target()["isa"], "numba_threads": numba.get_num_threads(), "speculative": self.speculative}
+        return {"isa": numba_target()["isa"], "numba_threads": numba.get_num_threads(), "speculative": self.speculative,
+                "activations": self.activations}
 
     def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
         return [self.llm.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
@@ -155,10 +158,15 @@ class LlamaCpp:
         return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 
 
-def committed_tokens_per_verify(default: float = 2.0) -> float:
-    """1 + the mean accepted length of the committed input-grounded single-stream ngram run."""
+def result_name(name: str, activations: str) -> str:
+    """The results file of a run: speculative.json, or speculative_int8.json for int8 activations."""
+    return name if activations == "fp32" else f"{name}_{activations}"
+
+
+def committed_tokens_per_verify(activations: str, default: float = 2.0) -> float:
+    """1 + the mean accepted length of the committed input-grounded single-stream ngram run (of ``activations``)."""
     try:
-        results = json.loads((RESULTS / "speculative.json").read_text())["results"]
+        results = json.loads((RESULTS / f"{result_name('speculative', activations)}.json").read_text())["results"]
         contenders = results["workloads"]["input-grounded"]["concurrency 1"]["contenders"]
         return next(c["mean_accepted_length"] for n, c in contenders.items() if "mean_accepted_length" in c)
     except (OSError, KeyError, StopIteration, ValueError):
@@ -205,18 +213,18 @@ def crossover_main(args) -> None:
     from minillm.model.loader import load_model
 
     model = load_model(activations=args.activations)
-    tokens = args.tokens_per_verify or committed_tokens_per_verify()
+    tokens = args.tokens_per_verify or committed_tokens_per_verify(args.activations)
     sizes, repeats = ((1, 2), 1) if args.quick else ((1, 2, 3, 4, 6, 8, 12, 16), args.repeats * 3)
     results = speculation_crossover(model, K, tokens, sizes, repeats)
     results["activations"], results["quick"] = args.activations, args.quick
     print("crossover:", results["crossover"], "-> disable_by_batch_size", results["disable_by_batch_size"])
-    save_result("speculative_crossover", results)
+    save_result(result_name("speculative_crossover", args.activations), results)
 
 
-def contenders() -> list[Contender]:
+def contenders(activations: str) -> list[Contender]:
     spec = {"method": "ngram", "num_speculative_tokens": K}
-    return [Contender("minillm plain", "Minillm", {}, SOURCE),
-            Contender(f"minillm ngram k={K}", "Minillm", {"speculative": spec}, SOURCE),
+    return [Contender("minillm plain", "Minillm", {"activations": activations}, SOURCE),
+            Contender(f"minillm ngram k={K}", "Minillm", {"speculative": spec, "activations": activations}, SOURCE),
             Contender("llama.cpp plain", "LlamaCpp", {}, SOURCE),
             Contender(f"llama.cpp prompt-lookup k={K}", "LlamaCpp", {"lookup": True}, SOURCE)]
 
@@ -228,7 +236,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--crossover", action="store_true",
                         help="measure the batch size where speculation stops paying (in this process)")
-    parser.add_argument("--activations", choices=("fp32", "int8"), default="fp32", help="--crossover's mode")
+    parser.add_argument("--activations", choices=("fp32", "int8"), default="fp32",
+                        help="minillm's activation mode; int8 results go to *_int8.json")
     parser.add_argument("--tokens-per-verify", type=float, default=None,
                         help="--crossover: tokens a verify yields (default: the committed run's 1 + accepted)")
     args = parser.parse_args()
@@ -236,11 +245,12 @@ def main() -> None:
         return crossover_main(args)
     grounded, open_ended = (GROUNDED[:2], OPEN[:1]) if args.quick else (GROUNDED, OPEN)
     max_tokens, repeats = (24, 1) if args.quick else (96, args.repeats)
-    workers = {w.name: w for w in start_workers(contenders(), "native", args.threads)}
+    workers = {w.name: w for w in start_workers(contenders(args.activations), "native", args.threads)}
     for worker in workers.values():  # compile and warm every path (prefill, decode, verify) before timing,
         for concurrency in (1, 8):    # the batched rows' kernels (up to 8 x 5 rows) too
             worker.call("run", prompts=GROUNDED[:concurrency], max_tokens=24, concurrency=concurrency)
-    results = {"k": K, "max_tokens": max_tokens, "repeats": repeats, "quick": args.quick, "workloads": {}}
+    results = {"k": K, "max_tokens": max_tokens, "repeats": repeats, "quick": args.quick,
+               "activations": args.activations, "workloads": {}}
     try:
         for workload, prompts in (("input-grounded", grounded), ("open-ended", open_ended)):
             for concurrency in (1, 8):
@@ -266,7 +276,7 @@ def main() -> None:
     finally:
         for worker in workers.values():
             worker.close()
-    save_result("speculative", results)
+    save_result(result_name("speculative", args.activations), results)
 
 
 if __name__ == "__main__":

@@ -523,7 +523,7 @@ def test_run_all_fair_makes_every_results_file():
     default = set(re.search(r"WHICH=\$\{\*:-([^}]*)\}", script).group(1).split())
     made = {"profile": {"decode_profile", "decode_profile_avx2"}, "regression": {"regression", "regression_avx2"},
             "structured": {"structured", "structured_coverage"}, "quant_matvec": {"quant_matvec", "quant_matvec_1thread"},
-            "speculative": {"speculative", "speculative_crossover"}}
+            "speculative": {"speculative", "speculative_crossover", "speculative_int8", "speculative_crossover_int8"}}
     produced = set().union(*(made.get(name, {name}) for name in default))
     produced |= {"gpu_side_by_side", "kernels_cuda"}  # benchmarks/gpu.sh makes these, on a machine with a GPU
     for path in (REPO / "benchmarks" / "results").glob("*.json"):
