@@ -174,12 +174,14 @@ def side_by_side(args) -> None:
 
 def profile(args) -> None:
     """decode_profile.py in a process set up as minillm's contender is (threads, code path); one file per
-    code path: decode_profile.json (native), decode_profile_avx2.json."""
+    code path and mode: decode_profile.json (native, fp32), decode_profile_avx2.json, decode_profile_int8.json,
+    decode_profile_avx2_int8.json."""
     for isa in args.isa:
-        command = [sys.executable, str(BENCHMARKS / "decode_profile.py"), "--out", str(args.out),
-                   "--name", "decode_profile" if isa == "native" else f"decode_profile_{isa}",
-                   *(["--quick"] if args.quick else [])]
-        subprocess.run(command, env=contender_env(isa, default_threads()), check=True)
+        for mode in args.modes:
+            name = "decode_profile" + ("" if isa == "native" else f"_{isa}") + ("" if mode == "fp32" else f"_{mode}")
+            command = [sys.executable, str(BENCHMARKS / "decode_profile.py"), "--out", str(args.out), "--name", name,
+                       "--activations", mode, *(["--quick"] if args.quick else [])]
+            subprocess.run(command, env=contender_env(isa, default_threads()), check=True)
 
 
 def comma_list(choices=None):

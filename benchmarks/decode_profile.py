@@ -11,7 +11,8 @@ the quantized matvecs by weight kind, the LM head, attention, RMSNorm, RoPE, Swi
 write, sampling and the rest (Python glue), and for each weight family the bandwidth it achieved
 (its bytes over its time) beside the machine's DRAM read bandwidth. This script picks the workload
 and stamps the result:
-benchmarks/results/decode_profile.json (decode_profile_avx2.json for ``--isa avx2``).
+benchmarks/results/decode_profile.json (decode_profile_avx2.json for ``--isa avx2``; _int8 added to
+either name for ``--modes int8``, the int8 activation mode).
 
 A timer around every op keeps the per-op path (the fused decode layer runs only the backend's own
 kernels, minillm/kernels/cpu/fused_decode.py), so the op-by-op profile is not the step users get.
@@ -128,9 +129,9 @@ def glue_when_warm(model, tokenizer, prompt: list[int], params: SamplingParams) 
     return {PACKING: us(prepare, seen[PACKING]), "fused step checks": us(fused_decode_step, seen["fused step checks"])}
 
 
-def profile(quick: bool, out_dir: Path, name: str) -> None:
+def profile(quick: bool, out_dir: Path, name: str, activations: str) -> None:
     path = cached_model_path() or fetch()
-    model = load_model(path)
+    model = load_model(path, activations=activations)
     steps = 16 if quick else 64
     prompt = random_prompt(np.random.default_rng(0), 20)
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=0, max_tokens=steps)  # a usual chat setting
@@ -158,7 +159,7 @@ def profile(quick: bool, out_dir: Path, name: str) -> None:
     print("the same glue called back to back, caches warm: " + ", ".join(
         f"{family} {us:.0f} us (in the step {1e3 * engine['ms_per_step'][family]:.0f} us)"
         for family, us in engine["glue_us_warm"].items()))
-    save_result(name, {"quick": quick, "model": path.name, "steps": steps, "isa": target["isa"],
+    save_result(name, {"quick": quick, "model": path.name, "steps": steps, "isa": target["isa"], "activations": activations,
                        "threads": numba.get_num_threads(), "sampling": "temperature 0.8, top_p 0.95",
                        "step_ms_instrumented": p.step_ms_instrumented, "step_ms_plain": p.step_ms_plain,
                        "ms_per_step": p.ms_per_step, "weight_bytes_per_step": weight_bytes,
@@ -170,8 +171,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="16 decode steps instead of 64")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the result file")
     parser.add_argument("--name", default="decode_profile", help="the result file's name, without .json")
+    parser.add_argument("--activations", choices=("fp32", "int8"), default="fp32", help="minillm's activation mode")
     args = parser.parse_args()
-    profile(args.quick, args.out, args.name)
+    profile(args.quick, args.out, args.name, args.activations)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ tokens/s as ``decode.py`` does (a 20-token prompt, 1 and ``--new-tokens`` new to
 every request at once, ``--max-num-seqs``). Repeats interleaved, medians, ratios this / baseline
 (> 1: this checkout is faster). The issue's bound, recorded and not asserted: every ratio >= 0.97.
 Results: benchmarks/results/regression.json (``--isa avx2``: regression_avx2.json, both engines on
-the AVX2 code path). About 5 minutes on 2 cores with the defaults.
+the AVX2 code path; ``--activations int8``: _int8 added, both engines in int8 mode). About 5 minutes on 2 cores with the defaults.
 """
 from __future__ import annotations
 
@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, nargs=2, default=(32, 128))
     parser.add_argument("--output-len", type=int, nargs=2, default=(32, 128))
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--activations", choices=("fp32", "int8"), default="fp32",
+                        help="both engines' activation mode (int8: regression_int8.json)")
     add_isa_and_out(parser, "regression")
     args = parser.parse_args()
     threads = default_threads()
@@ -86,10 +88,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         baseline = export(args.baseline, Path(folder))
         this, earlier = f"minillm {head[:7]}", f"minillm {baseline[:7]}"
-        contenders = [Contender(this, "Minillm"), Contender(earlier, "Minillm", paths={args.isa: (Path(folder),)})]
+        mode = {"mode": args.activations}
+        contenders = [Contender(this, "Minillm", mode), Contender(earlier, "Minillm", mode, paths={args.isa: (Path(folder),)})]
         workers = start_all(contenders, args.isa, threads)
         workload = make_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len))
-        print(f"[{args.isa}] {this} (this checkout) against {earlier}: {threads} threads, {args.repeats} repeats")
+        print(f"[{args.isa}, {args.activations}] {this} (this checkout) against {earlier}: {threads} threads, "
+              f"{args.repeats} repeats")
         try:
             values = measure(workers, args, workload)
         finally:
@@ -100,8 +104,10 @@ def main() -> None:
              for kind in figures[this]}
     for kind, r in ratio.items():
         print(f"{kind}: {this} / {earlier} = {r:.3f}{'' if r >= BOUND else f'  (below the bound {BOUND})'}")
-    save_result("regression" if args.isa == "native" else f"regression_{args.isa}", {
-        "baseline": baseline, "this": head, "this_has_uncommitted_changes": bool(dirty), "isa": args.isa, "threads": threads, "repeats": args.repeats,
+    name = "regression" + ("" if args.isa == "native" else f"_{args.isa}") + ("" if args.activations == "fp32" else "_int8")
+    save_result(name, {
+        "baseline": baseline, "this": head, "this_has_uncommitted_changes": bool(dirty), "isa": args.isa,
+        "activations": args.activations, "threads": threads, "repeats": args.repeats,
         "decode": {"prompt_tokens": PROMPT_TOKENS, "new_tokens": args.new_tokens},
         "prefill_tokens": args.prefill_tokens,
         "throughput_workload": {"num_requests": args.num_requests, "input_len": list(args.input_len),

@@ -36,7 +36,7 @@ for bench in $WHICH; do
     echo "=== $bench ($(date +%T))"
     case $bench in
         decode) $PY benchmarks/decode.py --isa native,avx2 --modes fp32,int8 --out "$OUT" ;;
-        profile) $PY benchmarks/decode.py --profile --isa native,avx2 --out "$OUT" ;;
+        profile) $PY benchmarks/decode.py --profile --isa native,avx2 --modes fp32,int8 --out "$OUT" ;;
         quant_quality) $PY benchmarks/quant_quality.py --out "$OUT" ;;
         quant_matvec) $PY benchmarks/quant_matvec.py --out "$OUT" && NUMBA_NUM_THREADS=1 $PY benchmarks/quant_matvec.py --out "$OUT" ;;
         kernels_cpu) $PY benchmarks/kernels_cpu.py --out "$OUT" ;;
