@@ -17,7 +17,7 @@
 # both code paths, ~2 min; quant_quality ~1 min; quant_matvec, on all cores and on one, ~10 min; kernels_cpu ~8 min; throughput ~40 min (transformers'
 # padded batch of 64 requests takes ~8 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
 # speculative ~10 min, its --crossover run ~1 min (both again in int8 mode); structured ~10 min, its --coverage run ~4 min (25 schemas, measured on a 2-core Zen 5); scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
-# f0bbb69), both code paths, ~12 min. The llama.cpp peers must be built
+# REGRESSION_BASELINE), both modes and code paths, ~24 min. The llama.cpp peers must be built
 # first (~9 minutes each): `make bench-peers` and `benchmarks/build_peers.sh avx2`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ OUT=${1:-benchmarks/results}
 shift || true
 WHICH=${*:-decode profile quant_quality quant_matvec kernels_cpu throughput prefix_cache serving speculative structured scale_out soak abuse regression}
 PY=".venv/bin/python -u"  # unbuffered: progress shows as it happens
+REGRESSION_BASELINE=${REGRESSION_BASELINE:-646c3b7}  # the commit before int8 mode's chunked layout
 
 # prefix_cache, serving and speculative write into benchmarks/results/ only: move their files to OUT
 into_out() { [ "$OUT" -ef benchmarks/results ] || { mkdir -p "$OUT" && mv "benchmarks/results/$1.json" "$OUT/"; }; }
@@ -54,7 +55,10 @@ for bench in $WHICH; do
         scale_out) $PY benchmarks/scale_out.py --out "$OUT" ;;
         soak) $PY benchmarks/soak.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
         abuse) $PY benchmarks/abuse.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
-        regression) $PY benchmarks/regression.py --out "$OUT" && $PY benchmarks/regression.py --isa avx2 --out "$OUT" ;;
+        # against the commit before the last kernel change (int8 mode's chunked layout), in both modes
+        regression) for mode in fp32 int8; do for isa in native avx2; do
+                        $PY benchmarks/regression.py --baseline "$REGRESSION_BASELINE" --activations $mode --isa $isa --out "$OUT"
+                    done; done ;;
         *) echo "unknown benchmark $bench" >&2; exit 2 ;;
     esac
 done

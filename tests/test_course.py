@@ -521,7 +521,8 @@ def load_benchmarks_common():
 def test_run_all_fair_makes_every_results_file():
     script = (REPO / "benchmarks" / "run_all_fair.sh").read_text()
     default = set(re.search(r"WHICH=\$\{\*:-([^}]*)\}", script).group(1).split())
-    made = {"profile": {"decode_profile", "decode_profile_avx2", "decode_profile_int8", "decode_profile_avx2_int8"}, "regression": {"regression", "regression_avx2"},
+    made = {"profile": {"decode_profile", "decode_profile_avx2", "decode_profile_int8", "decode_profile_avx2_int8"},
+            "regression": {"regression", "regression_avx2", "regression_int8", "regression_avx2_int8"},
             "structured": {"structured", "structured_coverage"}, "quant_matvec": {"quant_matvec", "quant_matvec_1thread"},
             "speculative": {"speculative", "speculative_crossover", "speculative_int8", "speculative_crossover_int8"}}
     produced = set().union(*(made.get(name, {name}) for name in default))
