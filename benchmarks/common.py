@@ -113,6 +113,12 @@ def numba_target() -> dict:
     return {**asdict(target), "isa": target.isa}
 
 
+def result_name(benchmark: str, isa: str = "native", activations: str = "fp32") -> str:
+    """A results file's name: the benchmark's, then _<isa> for another code path than the host's and
+    _<activations> for another minillm mode than fp32 (decode_profile_avx2_int8)."""
+    return benchmark + ("" if isa == "native" else f"_{isa}") + ("" if activations == "fp32" else f"_{activations}")
+
+
 def save_result(name: str, results: dict, out_dir: Path = RESULTS) -> Path:
     """Write ``<out_dir>/<name>.json`` stamped with the date, the host (CPU, microarchitecture, vector
     features, the ISA Numba targeted, cores), the package fingerprint measured and the versions: a

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 from common import (BENCHMARKS, ISA_ENV, LLAMA_CPP, RESULTS, SETTLE_SECONDS, TRANSFORMERS, contender_env,
-                    default_threads, interleaved, minillm, random_prompt, ratios, save_result, start_workers,
+                    default_threads, interleaved, minillm, random_prompt, ratios, result_name, save_result, start_workers,
                     summarize)
 
 PROMPT_TOKENS = 20
@@ -178,8 +178,8 @@ def profile(args) -> None:
     decode_profile_avx2_int8.json."""
     for isa in args.isa:
         for mode in args.modes:
-            name = "decode_profile" + ("" if isa == "native" else f"_{isa}") + ("" if mode == "fp32" else f"_{mode}")
-            command = [sys.executable, str(BENCHMARKS / "decode_profile.py"), "--out", str(args.out), "--name", name,
+            command = [sys.executable, str(BENCHMARKS / "decode_profile.py"), "--out", str(args.out),
+                       "--name", result_name("decode_profile", isa, mode),
                        "--activations", mode, *(["--quick"] if args.quick else [])]
             subprocess.run(command, env=contender_env(isa, default_threads()), check=True)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from common import (BENCHMARKS, SETTLE_SECONDS, Contender, add_isa_and_out, default_threads, interleaved, ratios,
-                    save_result, start_all, summarize)
+                    result_name, save_result, start_all, summarize)
 from decode import PROMPT_TOKENS, decode_and_prefill, repeat_prompts, warm_up
 from throughput import make_workload
 
@@ -104,8 +104,7 @@ def main() -> None:
              for kind in figures[this]}
     for kind, r in ratio.items():
         print(f"{kind}: {this} / {earlier} = {r:.3f}{'' if r >= BOUND else f'  (below the bound {BOUND})'}")
-    name = "regression" + ("" if args.isa == "native" else f"_{args.isa}") + ("" if args.activations == "fp32" else "_int8")
-    save_result(name, {
+    save_result(result_name("regression", args.isa, args.activations), {
         "baseline": baseline, "this": head, "this_has_uncommitted_changes": bool(dirty), "isa": args.isa,
         "activations": args.activations, "threads": threads, "repeats": args.repeats,
         "decode": {"prompt_tokens": PROMPT_TOKENS, "new_tokens": args.new_tokens},

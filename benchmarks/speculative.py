@@ -39,7 +39,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import (RESULTS, SETTLE_SECONDS, Contender, default_threads, interleaved, ratios, save_result,
+from common import (RESULTS, SETTLE_SECONDS, Contender, default_threads, interleaved, ratios, result_name, save_result,
                     start_workers, summarize)
 
 K = 4
@@ -158,15 +158,10 @@ class LlamaCpp:
         return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 
 
-def result_name(name: str, activations: str) -> str:
-    """The results file of a run: speculative.json, or speculative_int8.json for int8 activations."""
-    return name if activations == "fp32" else f"{name}_{activations}"
-
-
 def committed_tokens_per_verify(activations: str, default: float = 2.0) -> float:
     """1 + the mean accepted length of the committed input-grounded single-stream ngram run (of ``activations``)."""
     try:
-        results = json.loads((RESULTS / f"{result_name('speculative', activations)}.json").read_text())["results"]
+        results = json.loads((RESULTS / f"{result_name('speculative', activations=activations)}.json").read_text())["results"]
         contenders = results["workloads"]["input-grounded"]["concurrency 1"]["contenders"]
         return next(c["mean_accepted_length"] for n, c in contenders.items() if "mean_accepted_length" in c)
     except (OSError, KeyError, StopIteration, ValueError):
@@ -218,7 +213,7 @@ def crossover_main(args) -> None:
     results = speculation_crossover(model, K, tokens, sizes, repeats)
     results["activations"], results["quick"] = args.activations, args.quick
     print("crossover:", results["crossover"], "-> disable_by_batch_size", results["disable_by_batch_size"])
-    save_result(result_name("speculative_crossover", args.activations), results)
+    save_result(result_name("speculative_crossover", activations=args.activations), results)
 
 
 def contenders(activations: str) -> list[Contender]:
@@ -276,7 +271,7 @@ def main() -> None:
     finally:
         for worker in workers.values():
             worker.close()
-    save_result(result_name("speculative", args.activations), results)
+    save_result(result_name("speculative", activations=args.activations), results)
 
 
 if __name__ == "__main__":
