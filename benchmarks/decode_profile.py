@@ -49,7 +49,7 @@ PACKING = "batch packing"
 
 def timed_engine_model(model, timer: OpTimer):
     """A shallow copy of ``model`` (the same weights) whose forward's parts are timed: the fused step's
-    checks, each fused layer call, the embedding, the LM head."""
+    checks, the fused layers' call, the embedding, the LM head."""
     timed = copy.copy(model)
     fused_decode_step = timer.wrap("fused step checks", model.fused_decode_step)
 

@@ -1,4 +1,4 @@
-"""The fused decode path (minillm/kernels/cpu/fused_decode.py): one compiled call per decoder layer.
+"""The fused decode path (minillm/kernels/cpu/fused_decode.py): the decoder layers in one compiled call.
 
 The oracle is the per-op forward it stands in for (minillm/model/layers.py, held to transformers by
 test_transformer.py): the fused layer calls the same kernels on the same values in the same order,
@@ -192,6 +192,23 @@ def test_rows_padded_to_the_row_group_stay_identical(tiny_files, monkeypatch):
         w.qkv, w.gate_up = (repack(w.qkv[0], "fp32", 6),), (repack(w.gate_up[0], "fp32", 6),)
         w.wo, w.w_down = repack(w.wo, "fp32", 6), repack(w.w_down, "fp32", 6)
     assert model.weights.layers[0].qkv[0].groups * 6 != (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    fused = run_steps(model, [10], 3)
+    assert model.fused_decode_steps == 3
+    with PerOp(monkeypatch):
+        reference = run_steps(model, [10], 3)
+    assert_same_steps(fused, reference)
+
+
+def test_layers_of_different_layouts_run_as_runs_and_stay_identical(tiny_files, monkeypatch):
+    """Layers whose weights are repacked otherwise than their neighbours' (another R): each run of
+    alike layers is one compiled call, and the step is still the per-op path's bit for bit."""
+    model = load_model(tiny_files["llama"], activations="int8")
+    w = model.weights.layers[1]
+    R = 3 * w.wo.rows_per_group  # 48 (24 with AVX2 code): it divides qmatmul's tiles, which the prefill runs
+    w.qkv, w.gate_up = (repack(w.qkv[0], "int8", R),), (repack(w.gate_up[0], "int8", R),)
+    w.wo, w.w_down = repack(w.wo, "int8", R), repack(w.w_down, "int8", R)
+    runs = model._fused_layers(LAYERS)
+    assert [(first, len(weights[0])) for _, first, weights in runs] == [(0, 1), (1, 1)]
     fused = run_steps(model, [10], 3)
     assert model.fused_decode_steps == 3
     with PerOp(monkeypatch):

@@ -59,6 +59,14 @@ def test_repack_refuses_an_unknown_activation_mode():
         repack(realistic_qmatrix("Q4_1", 4, 64), "int4")
 
 
+def test_the_batched_matmul_refuses_groups_that_do_not_tile():
+    """qmatmul decodes tiles of quant.TILE_ROWS rows, whole groups each: an R that does not divide
+    it would read a group from the middle of another (found as wrong prefill logits at R = 32)."""
+    w = repack(realistic_qmatrix("Q4_1", 64, 64), "fp32", 32)
+    with pytest.raises(ValueError, match=r"tiles of 48 rows: a repacked matrix's rows_per_group must divide 48, got 32"):
+        quant.qmatmul(np.ones((10, 64), dtype=np.float32), w)
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("rows_per_group", sorted({4, ROWS_PER_GROUP}))

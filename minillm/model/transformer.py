@@ -8,8 +8,8 @@ RoPE tables) is the model's, bundled once in ``Model``. Logits are computed only
 metadata asks for (by default the last new token of each sequence): the LM head is the largest
 matrix of a small model, so a 500-token prompt should not pay for it 500 times.
 
-A decode-sized batch on the numba backend and the paged cache runs each layer as one compiled call
-(minillm/kernels/cpu/fused_decode.py) instead of the layers' ~7 kernel calls from Python: the same
+A decode-sized batch on the numba backend and the paged cache runs its layers in one compiled call
+(minillm/kernels/cpu/fused_decode.py) instead of ~7 kernel calls a layer from Python: the same
 kernels in the same order, so the same logits bit for bit. ``Model.fused_decode_step`` says when.
 """
 from __future__ import annotations
@@ -84,9 +84,8 @@ class Model:
         x = self.embed(token_ids)                             # (N, D)
         fused = self.fused_decode_step(x, meta, cache, num_layers)
         if fused is not None:
-            step, layers = fused
-            for layer, layer_weights in enumerate(layers):
-                x = step.run(x, layer, layer_weights)         # (N, D) one compiled call a layer
+            step, runs = fused
+            x = step.run(x, runs)                             # (N, D) one compiled call for the layers
             self.fused_decode_steps += 1
         else:
             for layer, layer_weights in enumerate(weights.layers[:num_layers]):
@@ -113,26 +112,28 @@ class Model:
                 or paged is None or not fused_decode.uses_package_kernels(ctx.ops, cache.ops)
                 or x.dtype != np.float32 or not x.flags.c_contiguous):
             return None
-        layers = self._fused_layers(num_layers)
-        if layers is None:
+        runs = self._fused_layers(num_layers)
+        if runs is None:
             return None
         c = ctx.config
         k_caches, v_caches = paged
         step = fused_decode.DecodeStep(meta, k_caches, v_caches, num_layers, ctx.cos, ctx.sin, c.rope_style,
                                        c.rms_eps, _fused_dims(c))
-        return step, layers
+        return step, runs
 
     def _fused_layers(self, num_layers: int) -> list | None:
-        """fused_decode.layer_weights of the first ``num_layers`` layers, or None if a layer cannot
-        run fused. Made for every layer (an early-exit draft and the full verify alternate) and
-        remembered while every weight object is the one they were made from: checking the
+        """fused_decode.layer_runs of the first ``num_layers`` layers, or None if a layer cannot run
+        fused. Made for every layer count asked (an early-exit draft and the full verify alternate)
+        and remembered while every weight object is the one they were made from: checking the
         identities is cheaper than checking the weights again every step."""
         weights = [part for w in self.weights.layers
                    for part in (w.attn_norm, w.qkv, w.wo, w.mlp_norm, w.gate_up, w.w_down, w.q_norm, w.k_norm)]
         if self._fused_memo is not None:
-            seen, layers = self._fused_memo  # seen keeps its objects alive: no id is reused meanwhile
+            seen, layers, runs = self._fused_memo  # seen keeps its objects alive: no id is reused meanwhile
             if len(seen) == len(weights) and all(map(operator.is_, seen, weights)):
-                return None if layers is None else layers[:num_layers]
+                if layers is not None and num_layers not in runs:
+                    runs[num_layers] = fused_decode.layer_runs(layers[:num_layers])
+                return None if layers is None else runs[num_layers]
         layers, dims = [], _fused_dims(self.context.config)
         for w in self.weights.layers:
             # unstacked qkv or gate_up (LayerWeights): the per-op path concatenates, the fused one does not
@@ -143,8 +144,8 @@ class Model:
                 layers = None
                 break
             layers.append(layer)
-        self._fused_memo = (weights, layers)
-        return None if layers is None else layers[:num_layers]
+        self._fused_memo = (weights, layers, {})
+        return self._fused_layers(num_layers)
 
     # a rank of a tensor-parallel model holds a slice of the vocabulary: it overrides these two
     def embed(self, token_ids: np.ndarray) -> np.ndarray:

@@ -1,10 +1,10 @@
-"""A decode step in one compiled call per decoder layer: the per-op path's kernels, called from Numba.
+"""A decode step's decoder layers in one compiled call: the per-op path's kernels, called from Numba.
 
 The per-op forward (minillm/model/layers.py) calls about seven kernels a layer from Python, each
 behind a wrapper that checks its arguments and picks a driver: for SmolLM2-135M some 200 calls a
 decode step, ~0.84 ms of an ~8.8 ms step spent between them (benchmarks/results/
 decode_profile.json, "other (Python glue)"), besides the checks counted in each op's own time.
-For a decode-sized batch ``layer_kernel`` runs one layer in one call:
+For a decode-sized batch ``stack_kernel`` runs all the layers in one call, each as
 
     rms_norm -> qkv matvec -> (Qwen3: q/k RMSNorm) -> rope -> K/V write -> paged attention
              -> o matvec -> residual -> rms_norm -> gate/up matvec -> swiglu -> down matvec -> residual
@@ -15,6 +15,13 @@ kernels) on the same values in the same order, so the logits are bit for bit the
 Numba does not bounds-check: what the wrappers check on every call, ``DecodeStep`` checks once a
 step (slots, block tables, positions: the batch) and ``layer_weights`` once a layer (the shapes).
 
+A call per layer left ~30 calls a step from Python, each unboxing ~40 arguments: measured (2-core
+Xeon VM, int8 mode, SmolLM2-135M) ~0.2 ms of a ~4 ms step under a profiler, and the interpreter
+runs cold between layers that stream 2 MB of weights each. So the layers' weights travel as one
+typed List per argument (``layer_runs``): one call unboxes them all. Consecutive layers whose
+matrices share a code layout form a run, one call each (a file that quantizes some layers otherwise
+takes a call per run).
+
 Where it applies (the model decides, minillm/model/transformer.py): the numba backend's own
 kernels, weights repacked for the SIMD matvec (exact or int8 activations), a host paged KV cache,
 and at most ``REPACKED_MATVEC_ROWS_MAX_T`` rows - the range in which qlinear runs the matvec
@@ -23,17 +30,20 @@ choices rather than hidden ones: rms_norm and swiglu always run their serial dri
 per-op wrappers switch to the parallel ones past ``PARALLEL_MIN_ELEMENTS`` floats, which a batch of
 8 rows reaches only from a hidden size of 4096; the arithmetic is the same row function).
 
-One kernel is compiled per (rows, each matrix's code layout, rows per group, activation mode) on
-first use and cached on disk by Numba, as the matvec kernels are.
+One kernel is compiled per (rows, each matrix's code layout, rows per group, activation mode, head
+shape) on first use and cached on disk by Numba, as the matvec kernels are.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 import os
 
 import numpy as np
 from numba.extending import overload
+from numba.typed import List
 
 from minillm.kernels import cpu, shapes
 from minillm.kernels.cpu import matmul_ladder, paged_attention, quant_fp32, quant_int8, quant_llvm, rows
@@ -98,69 +108,76 @@ def _linear_rows_typed(quants, scales, mins, x, rows, qtype_code, rows_per_group
 
 
 @functools.cache
-def layer_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: int, isa: int,
+def stack_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: int, isa: int,
                  head_shape: tuple[int, int]):
-    """The compiled decoder layer for ``tokens`` rows, the code layouts of (qkv, wo, gate_up, down)
-    (quant_fp32.QTYPE_CODES), R, the activation mode (EXACT or an int8 ISA) and the attention's
-    head_shape = (query heads per kv head, Dh). Constants, not arguments: the matvec and attention
-    kernels unroll over them (and Numba keys its disk cache on them)."""
+    """The compiled decoder layers of one run (consecutive layers whose weights share a kernel key)
+    for ``tokens`` rows: the code layouts of (qkv, wo, gate_up, down) (quant_fp32.QTYPE_CODES), R,
+    the activation mode (EXACT or an int8 ISA) and the attention's head_shape = (query heads per kv
+    head, Dh). Constants, not arguments: the matvec and attention kernels unroll over them (and
+    Numba keys its disk cache on them)."""
     qkv_code, wo_code, gate_up_code, down_code = codes
     group, attended_dim = head_shape
     sources = KERNEL_SOURCES  # a closure constant, so part of Numba's cache key (see KERNEL_SOURCES)
 
-    def decoder_layer(x, attn_norm, qkv_q, qkv_s, qkv_m, wo_q, wo_s, wo_m, mlp_norm, gate_up_q, gate_up_s, gate_up_m,
-                      down_q, down_s, down_m, q_norm, k_norm, k_caches, v_caches, layer,
-                      n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, decode, block_tables,
-                      query_seq, query_keys, n_chunks, query_starts, context_lens, job_seq, job_t0, scale, out):
-        """out (T, D) = x (T, D) through the layer, as layers.decoder_layer computes it; writes this
-        layer's K/V. Into ``out``, not returned: a returned array is boxed through the function's
-        environment, which Numba restores by name when it loads a variant from its disk cache; a
-        run over a cache that several processes had filled failed there ("'descr' is NULL",
-        benchmarks/speculative.py; Numba's index race, cpu/variants.py), and writing into ``out``
-        needs no environment.
+    def decoder_layers(x, attn_norms, qkv_qs, qkv_ss, qkv_ms, wo_qs, wo_ss, wo_ms, mlp_norms, gate_up_qs, gate_up_ss,
+                       gate_up_ms, down_qs, down_ss, down_ms, q_norms, k_norms, first_layer, k_caches, v_caches,
+                       n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, decode, block_tables,
+                       query_seq, query_keys, n_chunks, query_starts, context_lens, job_seq, job_t0, scale, out):
+        """out (T, D) = x (T, D) through layers first_layer, first_layer + 1, ..., as
+        layers.decoder_layer computes each; writes their K/V. The weights come one typed List per
+        argument, an entry a layer (unboxed in one step: a call with every layer's arrays as
+        arguments would unbox each). Into ``out``, not returned: a returned array is boxed through
+        the function's environment, which Numba restores by name when it loads a variant from its
+        disk cache; a run over a cache that several processes had filled failed there ("'descr' is
+        NULL", benchmarks/speculative.py; Numba's index race, cpu/variants.py), and writing into
+        ``out`` needs no environment.
 
-        k_caches, v_caches (n_layers, num_blocks, block_size, Hkv, Dh); q_norm, k_norm (Dh,) or
+        k_caches, v_caches (n_layers, num_blocks, block_size, Hkv, Dh); q_norms, k_norms (Dh,) or
         empty (Llama); the rest describes the batch (DecodeStep)."""
         sources  # noqa: B018 (only named, to key the cache)
         n_kv_heads, head_dim = k_caches.shape[3], k_caches.shape[4]
         model_dim, heads = x.shape[1], n_heads + 2 * n_kv_heads
-        # attention block
-        normed = rms_norm_serial(x, attn_norm, eps)                                            # (T, D)
-        qkv = linear_rows(qkv_q, qkv_s, qkv_m, normed, heads * head_dim, qkv_code, rows_per_group, tokens, isa)
-        qkv = qkv.reshape(tokens, heads, head_dim)                                             # (T, H + 2Hkv, Dh)
-        if q_norm.shape[0]:  # Qwen3: RMSNorm over each head's vector, before RoPE
-            q = rms_norm_serial(np.ascontiguousarray(qkv[:, :n_heads]).reshape(tokens * n_heads, head_dim),
-                                q_norm, eps).reshape(tokens, n_heads, head_dim)
-            k = rms_norm_serial(np.ascontiguousarray(qkv[:, n_heads:n_heads + n_kv_heads]).reshape(
-                tokens * n_kv_heads, head_dim), k_norm, eps).reshape(tokens, n_kv_heads, head_dim)
-            qk = np.concatenate((q, k), axis=1)                                                # (T, H + Hkv, Dh)
-        else:
-            qk = np.ascontiguousarray(qkv[:, :n_heads + n_kv_heads])                           # (T, H + Hkv, Dh)
-        rope_serial(qk, positions, cos, sin, half_style)  # in place; positions checked by DecodeStep
-        k_rows = np.ascontiguousarray(qk[:, n_heads:]).reshape(tokens, n_kv_heads * head_dim)  # (T, Hkv Dh)
-        v_rows = np.ascontiguousarray(qkv[:, n_heads + n_kv_heads:]).reshape(tokens, n_kv_heads * head_dim)
-        k_cache, v_cache = k_caches[layer], v_caches[layer]                # (num_blocks, block_size, Hkv, Dh)
-        n_slots = k_cache.shape[0] * k_cache.shape[1]
-        scatter_rows(k_cache.reshape(n_slots, n_kv_heads * head_dim), k_rows, slot_mapping)
-        scatter_rows(v_cache.reshape(n_slots, n_kv_heads * head_dim), v_rows, slot_mapping)
-        q = np.ascontiguousarray(qk[:, :n_heads])                                              # (T, H, Dh)
-        attended = np.empty_like(q)                                                            # (T, H, Dh)
-        if decode:
-            paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale,
-                                   attended, group, attended_dim)
-        else:
-            paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens, job_seq, job_t0,
-                                 scale, attended, group, attended_dim)
-        h = x + linear_rows(wo_q, wo_s, wo_m, attended.reshape(tokens, n_heads * head_dim), model_dim, wo_code,
-                            rows_per_group, tokens, isa)                                       # (T, D)
-        # MLP block
-        normed = rms_norm_serial(h, mlp_norm, eps)                                             # (T, D)
-        gate_up = linear_rows(gate_up_q, gate_up_s, gate_up_m, normed, 2 * ffn, gate_up_code, rows_per_group,
-                              tokens, isa)                                                     # (T, 2F)
-        hidden = swiglu_serial(gate_up[:, :ffn], gate_up[:, ffn:])                             # (T, F)
-        out[:] = h + linear_rows(down_q, down_s, down_m, hidden, model_dim, down_code, rows_per_group, tokens, isa)
+        n_slots = k_caches.shape[1] * k_caches.shape[2]
+        out[:] = x  # the hidden states from here on: a layer reads them before it overwrites them
+        for i in range(len(attn_norms)):
+            layer = first_layer + i
+            # attention block
+            normed = rms_norm_serial(out, attn_norms[i], eps)                                    # (T, D)
+            qkv = linear_rows(qkv_qs[i], qkv_ss[i], qkv_ms[i], normed, heads * head_dim, qkv_code, rows_per_group,
+                              tokens, isa).reshape(tokens, heads, head_dim)                    # (T, H + 2Hkv, Dh)
+            if q_norms[i].shape[0]:  # Qwen3: RMSNorm over each head's vector, before RoPE
+                q = rms_norm_serial(np.ascontiguousarray(qkv[:, :n_heads]).reshape(tokens * n_heads, head_dim),
+                                    q_norms[i], eps).reshape(tokens, n_heads, head_dim)
+                k = rms_norm_serial(np.ascontiguousarray(qkv[:, n_heads:n_heads + n_kv_heads]).reshape(
+                    tokens * n_kv_heads, head_dim), k_norms[i], eps).reshape(tokens, n_kv_heads, head_dim)
+                qk = np.concatenate((q, k), axis=1)                                            # (T, H + Hkv, Dh)
+            else:
+                qk = np.ascontiguousarray(qkv[:, :n_heads + n_kv_heads])                       # (T, H + Hkv, Dh)
+            rope_serial(qk, positions, cos, sin, half_style)  # in place; positions checked by DecodeStep
+            k_rows = np.ascontiguousarray(qk[:, n_heads:]).reshape(tokens, n_kv_heads * head_dim)  # (T, Hkv Dh)
+            v_rows = np.ascontiguousarray(qkv[:, n_heads + n_kv_heads:]).reshape(tokens, n_kv_heads * head_dim)
+            k_cache, v_cache = k_caches[layer], v_caches[layer]            # (num_blocks, block_size, Hkv, Dh)
+            scatter_rows(k_cache.reshape(n_slots, n_kv_heads * head_dim), k_rows, slot_mapping)
+            scatter_rows(v_cache.reshape(n_slots, n_kv_heads * head_dim), v_rows, slot_mapping)
+            q = np.ascontiguousarray(qk[:, :n_heads])                                          # (T, H, Dh)
+            attended = np.empty_like(q)                                                        # (T, H, Dh)
+            if decode:
+                paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale,
+                                       attended, group, attended_dim)
+            else:
+                paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens, job_seq,
+                                     job_t0, scale, attended, group, attended_dim)
+            h = out + linear_rows(wo_qs[i], wo_ss[i], wo_ms[i], attended.reshape(tokens, n_heads * head_dim),
+                                  model_dim, wo_code, rows_per_group, tokens, isa)               # (T, D)
+            # MLP block
+            normed = rms_norm_serial(h, mlp_norms[i], eps)                                     # (T, D)
+            gate_up = linear_rows(gate_up_qs[i], gate_up_ss[i], gate_up_ms[i], normed, 2 * ffn, gate_up_code,
+                                  rows_per_group, tokens, isa)                                 # (T, 2F)
+            hidden = swiglu_serial(gate_up[:, :ffn], gate_up[:, ffn:])                         # (T, F)
+            out[:] = h + linear_rows(down_qs[i], down_ss[i], down_ms[i], hidden, model_dim, down_code,
+                                     rows_per_group, tokens, isa)
 
-    return compile_variant(decoder_layer, T=tokens, codes=codes, R=rows_per_group, isa=isa, heads=head_shape)
+    return compile_variant(decoder_layers, T=tokens, codes=codes, R=rows_per_group, isa=isa, heads=head_shape)
 
 
 # -----------------------------------------------------------------------------
@@ -199,6 +216,17 @@ def layer_weights(attn_norm, qkv, wo, mlp_norm, gate_up, w_down, q_norm, k_norm,
               mlp_norm, gate_up.quants, gate_up.scales, gate_up.mins, w_down.quants, w_down.scales, w_down.mins,
               NO_NORM if q_norm is None else q_norm, NO_NORM if k_norm is None else k_norm)
     return key, arrays
+
+
+def layer_runs(layers: list[tuple[tuple, tuple]]) -> list[tuple[tuple, int, tuple]]:
+    """``layer_weights`` of consecutive layers -> runs (kernel key, first layer, weights): the
+    layers sharing a key, each argument's arrays in one typed List (an entry a layer)."""
+    runs, first = [], 0
+    for key, run in itertools.groupby(layers, key=operator.itemgetter(0)):
+        columns = list(zip(*(arrays for _, arrays in run)))  # per argument: its array of each layer
+        runs.append((key, first, tuple(List(column) for column in columns)))
+        first += len(columns[0])
+    return runs
 
 
 DECODE_SHAPES_CHECKED: set[tuple] = set()  # decode batches whose shapes passed the wrappers' checks (DecodeStep)
@@ -270,10 +298,12 @@ class DecodeStep:
         return shapes.paged_prefill_rows(q_probe, k_caches[0], v_caches[0], meta.block_tables, meta.query_starts,
                                          meta.context_lens)
 
-    def run(self, x: np.ndarray, layer: int, weights: tuple[tuple, tuple]) -> np.ndarray:
-        """Layer ``layer`` on the hidden states x (T, D) -> (T, D); weights from ``layer_weights``."""
-        (codes, rows_per_group, isa), arrays = weights
-        kernel = layer_kernel(self.tokens, codes, rows_per_group, isa, self.head_shape)
-        out = np.empty_like(x)  # (T, D)
-        kernel(x, *arrays, self.k_caches, self.v_caches, layer, *self.batch, out)
-        return out
+    def run(self, x: np.ndarray, runs: list[tuple[tuple, int, tuple]]) -> np.ndarray:
+        """The layers of ``runs`` (``layer_runs``) on the hidden states x (T, D) -> (T, D): one
+        compiled call a run, one a step for a model whose layers share a code layout."""
+        for (codes, rows_per_group, isa), first_layer, weights in runs:
+            kernel = stack_kernel(self.tokens, codes, rows_per_group, isa, self.head_shape)
+            out = np.empty_like(x)  # (T, D)
+            kernel(x, *weights, first_layer, self.k_caches, self.v_caches, *self.batch, out)
+            x = out
+        return x

@@ -326,6 +326,9 @@ def _x_panels(x, lanes):
 def qmatmul(x: np.ndarray, qm: QMatrix) -> np.ndarray:
     """x (T, cols) -> (T, rows) = x @ W.T; each packed weight is read and decoded once for all T rows."""
     x = _check_input(x, qm, 2)  # (T, cols)
+    if isinstance(qm, RepackedMatrix) and TILE_ROWS % qm.rows_per_group:  # a tile must hold whole groups
+        raise ValueError(f"the batched matmul decodes tiles of {TILE_ROWS} rows: a repacked matrix's rows_per_group "
+                         f"must divide {TILE_ROWS}, got {qm.rows_per_group}")
     (T, cols), rows = x.shape, qm.shape[0]
     x_panels = _x_panels(x, NT_NARROW if T <= NT_NARROW else NT)  # (panels, cols, lanes)
     out = np.empty((T, rows), dtype=np.float32)

@@ -180,10 +180,7 @@ def _chunked_codegen(R: int, T: int, isa: int):
                             x = builder.bitcast(L.splat(builder, four, lanes), chunk)  # 4 codes, every lane
                             sums[t] = _dot_accumulate(builder, isa, sums[t], codes, x)
                 rows = builder.add(first, L.index(v * lanes))
-                if half:  # fp16 bits (cpu/quant_repack.py)
-                    d, m = (L.widen_half(builder, L.load(builder, p, rows, L.vector(L.I16, lanes))) for p in (d_ptr, m_ptr))
-                else:
-                    d, m = L.load(builder, d_ptr, rows, vf), L.load(builder, m_ptr, rows, vf)  # (lanes,) d_r, m_r
+                d, m = (L.load_scales(builder, p, rows, lanes, half) for p in (d_ptr, m_ptr))  # (lanes,) d_r, m_r
                 for t in range(T):
                     total = L.fma(builder, builder.sitofp(sums[t], vf), builder.fmul(d, d_x[t]),
                                   builder.load(acc[v, t]))

@@ -67,6 +67,14 @@ def widen_half(builder, bits: ir.Value) -> ir.Value:
     return builder.fpext(builder.bitcast(bits, half), single)
 
 
+def load_scales(builder, base: ir.Value, offset: ir.Value, lanes: int, half: bool) -> ir.Value:
+    """``lanes`` float32 scales (one float for lanes == 1) from base + offset elements, widened
+    from fp16 where the array keeps their bits (``half``: a uint16 array; cpu/quant_repack.py)."""
+    element = I16 if half else F32
+    value = load(builder, base, offset, vector(element, lanes)) if lanes > 1 else builder.load(builder.gep(base, [offset]))
+    return widen_half(builder, value) if half else value
+
+
 def splat(builder, value: ir.Value, lanes: int) -> ir.Value:
     """A vector of ``lanes`` copies of a scalar (one broadcast instruction)."""
     undefined = ir.Constant(vector(value.type, lanes), ir.Undefined)

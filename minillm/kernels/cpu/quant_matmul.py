@@ -134,15 +134,12 @@ def decode_repacked_rows(typingctx, quants, scales, mins, layout, rows_per_group
                         low, high = nibbles_fp32(builder, _chunked_row_codes(builder, q_ptr, first, R, rows.index))
                     else:
                         low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
-                    def row_value(array):  # this row's d or m, widened if stored as fp16 bits (chunked)
-                        value = builder.load(builder.gep(array, [at]))
-                        return L.splat(builder, L.widen_half(builder, value) if half else value, 16)
-
-                    d = row_value(d_ptr)
-                    m = L.constant_vector(L.F32, [0.0] * 16) if code == Q8_0_CODE else row_value(m_ptr)  # Q8_0: no m
+                    d = L.splat(builder, L.load_scales(builder, d_ptr, at, 1, half), 16)  # this row's d and m
+                    m = (L.constant_vector(L.F32, [0.0] * 16) if code == Q8_0_CODE  # Q8_0: no m
+                         else L.splat(builder, L.load_scales(builder, m_ptr, at, 1, half), 16))
                     start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
-                    for half, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
-                        L.store(builder, tile_ptr, builder.add(start, L.index(16 * half)), L.fma(builder, codes, d, m))
+                    for part, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block
+                        L.store(builder, tile_ptr, builder.add(start, L.index(16 * part)), L.fma(builder, codes, d, m))
         return context.get_dummy_value()
 
     signature = types.void(quants, scales, mins, layout, rows_per_group, group0, tile)
