@@ -48,8 +48,11 @@ ISA_ENV = {
     "native": {},
     # NUMBA_CPU_NAME alone keeps the host's feature list (512-bit code still); an empty
     # NUMBA_CPU_FEATURES takes Haswell's own (minillm.hardware.machine.CompileTarget)
+    # PyTorch's fp32 GEMM is MKL's, which ATEN_CPU_CAPABILITY and oneDNN's limit do not reach: without
+    # MKL_ENABLE_INSTRUCTIONS an "AVX2" transformers ran AVX-512 GEMMs (a 512 x 576 x 1536 linear,
+    # 2 threads, Xeon VM: 357 GFLOP/s with the first two set, 232 with all three)
     "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "", "ATEN_CPU_CAPABILITY": "avx2",
-             "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell"},
+             "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell"},
 }
 ISA_VARS = tuple(sorted({var for env in ISA_ENV.values() for var in env}))
 FIRST_ORDINARY_ID, LAST_PROMPT_ID = 17, 10_000  # random prompt ids: past SmolLM2's 17 control tokens

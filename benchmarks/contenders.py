@@ -102,7 +102,8 @@ class Transformers:
     def stamp(self) -> dict:
         capability = self.torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", ...
         return {"isa": capability.lower(), "torch_threads": self.torch.get_num_threads(), "cpu_capability": capability,
-                "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default")}
+                "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+                "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", "default")}
 
     def generate(self, prompt: list[int], new_tokens: int) -> list[int]:
         """A plain loop passing its KV cache along, computing the LM head for the last position only."""

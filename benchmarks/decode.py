@@ -25,7 +25,7 @@ decode ceiling: DRAM read bandwidth / bytes of weights read per token (~96 MB).
 
 Code paths (``--isa``, default both, one after the other): "native" is everything this CPU has
 (AVX-512 and VNNI here); "avx2" runs minillm with ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""``, torch with
-``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``, llama.cpp from its AVX2-only build.
+``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` and ``MKL_ENABLE_INSTRUCTIONS=AVX2``, llama.cpp from its AVX2-only build.
 Peers (compiled from source, ~9 minutes each): ``benchmarks/build_peers.sh native`` (the same as
 ``make bench-peers``) and ``benchmarks/build_peers.sh avx2``. A peer that is missing, or a build that
 runs other code than asked, is skipped with a message.

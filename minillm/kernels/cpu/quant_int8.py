@@ -81,12 +81,49 @@ def rows_per_pass(R: int, T: int, isa: int) -> int:
 # -----------------------------------------------------------------------------------------------
 # Quantizing the activations (the NumPy model in the tests does the same float32 operations)
 
+@intrinsic
+def _quantize_block(typingctx, x, t, b, codes, scales, sums):
+    """Block b of row t: x (T, cols) float32 -> codes[t, 32 b:32 b + 32] int8, scales[t, b] and
+    sums[t, b] float32 (all 2-D C-contiguous), as vectors of 32 lanes: the scalar loop it replaced
+    ran ~1.6 ns an activation (2.5 us for a 1536-wide row, 4 a layer, on the main thread while the
+    other threads wait: ~0.15 ms of a ~4 ms int8 step on the 2-core Xeon VM). The same float32
+    operations per lane as the scalar loop, so the same bits; the block's max and its integer sum
+    do not depend on the order they are taken in."""
+    def codegen(context, builder, sig, args):
+        x_ptr, codes_ptr = L.array_data(context, builder, sig.args[0], args[0]), L.array_data(context, builder, sig.args[3], args[3])
+        scales_ptr, sums_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in (4, 5))
+        t, b = args[1], args[2]
+        cols, n_blocks = L.array_shape(context, builder, sig.args[0], args[0], 1), L.array_shape(context, builder, sig.args[4], args[4], 1)
+        vf, vi = L.vector(L.F32, 32), L.vector(L.I32, 32)
+        at = builder.add(builder.mul(t, cols), builder.mul(b, L.index(32)))
+        block = L.load(builder, x_ptr, at, vf)                                         # (32,) x
+        largest = L.call(builder, "llvm.vector.reduce.fmax.v32f32", L.F32,
+                         L.call(builder, "llvm.fabs.v32f32", vf, block))                # max |x|
+        d = builder.fdiv(largest, L.F32(127.0))
+        inverse = builder.select(builder.fcmp_ordered("!=", d, L.F32(0.0)), builder.fdiv(L.F32(1.0), d), L.F32(0.0))
+        v = builder.fmul(block, L.splat(builder, inverse, 32))                          # (32,) x / d
+        rounded = L.call(builder, "llvm.floor.v32f32", vf,
+                         builder.fadd(L.call(builder, "llvm.fabs.v32f32", vf, v), L.constant_vector(L.F32, [0.5] * 32)))
+        magnitude = builder.fptosi(rounded, vi)                                         # roundf: halves away from 0
+        negative = builder.fcmp_ordered("<", v, L.constant_vector(L.F32, [0.0] * 32))
+        q = builder.select(negative, builder.neg(magnitude), magnitude)                 # (32,) int32 codes
+        L.store(builder, codes_ptr, at, builder.trunc(q, L.vector(L.I8, 32)))
+        total = L.call(builder, "llvm.vector.reduce.add.v32i32", L.I32, q)
+        at_block = builder.add(builder.mul(t, n_blocks), b)
+        builder.store(d, builder.gep(scales_ptr, [at_block]))
+        builder.store(builder.fmul(d, builder.sitofp(total, L.F32)), builder.gep(sums_ptr, [at_block]))
+        return context.get_dummy_value()
+
+    return types.void(x, t, b, codes, scales, sums), codegen
+
+
 @njit(cache=True)
 def quantize_activations(x):
     """x (T, cols) float32 -> codes int8 (T, cols), scales float32 (T, blocks), sums float32 (T, blocks).
 
     Rounding as C's roundf (halves away from zero), as ggml's quantize_row_q8_1. The scale stays
     fp32 (ggml rounds it to fp16): nothing here is stored, so there is no reason to lose bits.
+    x must be C-contiguous (quant.qlinear and the fused layer pass it so).
     """
     T, n_blocks = x.shape[0], x.shape[1] // 32
     codes = np.empty(x.shape, dtype=np.int8)              # (T, cols)
@@ -94,20 +131,7 @@ def quantize_activations(x):
     sums = np.empty((T, n_blocks), dtype=np.float32)      # (T, blocks)
     for t in range(T):
         for b in range(n_blocks):
-            largest = np.float32(0.0)
-            for j in range(b * 32, b * 32 + 32):
-                largest = max(largest, abs(x[t, j]))
-            d = largest / np.float32(127.0)
-            inverse = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            total = 0
-            for j in range(b * 32, b * 32 + 32):
-                v = x[t, j] * inverse
-                q = np.int32(np.floor(abs(v) + np.float32(0.5)))
-                q = -q if v < 0 else q
-                codes[t, j] = q
-                total += q
-            scales[t, b] = d
-            sums[t, b] = d * np.float32(total)
+            _quantize_block(x, t, b, codes, scales, sums)
     return codes, scales, sums
 
 
