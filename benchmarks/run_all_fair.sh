@@ -25,7 +25,7 @@ OUT=${1:-benchmarks/results}
 shift || true
 WHICH=${*:-decode profile quant_quality quant_matvec kernels_cpu throughput prefix_cache serving speculative structured scale_out soak abuse regression}
 PY=".venv/bin/python -u"  # unbuffered: progress shows as it happens
-REGRESSION_BASELINE=${REGRESSION_BASELINE:-646c3b7}  # the commit before int8 mode's chunked layout
+REGRESSION_BASELINE=${REGRESSION_BASELINE:-4910e0a}  # stop 46's last commit: before the one-call layers and the vector activation quantizer
 
 # prefix_cache, serving and speculative write into benchmarks/results/ only: move their files to OUT
 into_out() { [ "$OUT" -ef benchmarks/results ] || { mkdir -p "$OUT" && mv "benchmarks/results/$1.json" "$OUT/"; }; }
@@ -55,7 +55,7 @@ for bench in $WHICH; do
         scale_out) $PY benchmarks/scale_out.py --out "$OUT" ;;
         soak) $PY benchmarks/soak.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
         abuse) $PY benchmarks/abuse.py --note "run_all_fair.sh, quiet machine" --out "$OUT" ;;
-        # against the commit before the last kernel change (int8 mode's chunked layout), in both modes
+        # against the commit before the last kernel change (REGRESSION_BASELINE), in both modes and code paths
         regression) for mode in fp32 int8; do for isa in native avx2; do
                         $PY benchmarks/regression.py --baseline "$REGRESSION_BASELINE" --activations $mode --isa $isa --out "$OUT"
                     done; done ;;
