@@ -21,9 +21,9 @@ def test_each_variant_of_each_factory_has_its_own_index():
                 quant_fp32._kernel(Q4, 4, 1),
                 quant_int8._kernel(Q4, 8, 1, quant_int8.TARGET_ISA), quant_int8._kernel(Q4, 8, 3, quant_int8.TARGET_ISA),
                 paged_attention.decode_kernel(3, 64), paged_attention.decode_kernel(2, 16),
-                fused_decode.layer_kernel(1, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT, (3, 64)),
-                fused_decode.layer_kernel(2, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT, (3, 64)),
-                fused_decode.layer_kernel(1, (Q8, Q4, Q4, Q8), 8, fused_decode.EXACT, (3, 64))]
+                fused_decode.stack_kernel(1, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT, (3, 64)),
+                fused_decode.stack_kernel(2, (Q4, Q4, Q4, Q4), 8, fused_decode.EXACT, (3, 64)),
+                fused_decode.stack_kernel(1, (Q8, Q4, Q4, Q8), 8, fused_decode.EXACT, (3, 64))]
     paths = [index_path(v) for v in variants]
     assert len(set(paths)) == len(paths), paths
 
