@@ -302,11 +302,13 @@ def leave_a_long_stream(url: str, model: str, while_streaming: Callable[[], None
             "ignore_eos": True}
     with httpx.Client(base_url=url, timeout=None) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
-            texts = 0
+            events = []
             for line in response.iter_lines():
-                texts += line.startswith("data: ")
-                if texts == 3:
+                if line.startswith("data: "):
+                    events.append(line)
+                if len(events) == 3:
                     break
+            assert len(events) == 3, f"the stream ended early ({response.status_code}): {events}"
             while_streaming()
 
 
