@@ -10,7 +10,7 @@ from decimal import Decimal
 import jsonschema
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from minillm.generation.constrained.grammar_guide import CLOSING_MARGIN, JsonGrammar, json_pushdown
@@ -116,6 +116,16 @@ def llm(smollm2_path):
     return LLM(smollm2_path)
 
 
+def validate_exactly(schema: dict, text: str) -> None:
+    """jsonschema on the instance as JSON Schema reads it: a number is the decimal its text spells
+    (the spec's data model), not the nearest double - "-1.00000000000000011" is below an
+    exclusiveMaximum of -1, though Python's float reads it as -1.0. The schema's numbers too, so
+    that a float multipleOf divides a Decimal."""
+    exact = json.loads(json.dumps(schema), parse_float=Decimal)
+    jsonschema.Draft202012Validator(exact, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(
+        json.loads(text, parse_float=Decimal))
+
+
 def shortest_fits(llm, schema, max_tokens) -> bool:
     """The grammar's shortest instance validates (jsonschema), and fits in max_tokens with the
     closing margin to spare: only then can an answer cut at max_tokens be valid at all."""
@@ -123,8 +133,7 @@ def shortest_fits(llm, schema, max_tokens) -> bool:
     start = {(p.start, ())}
     shortest = (Uniqueness(p).closing_text(None, start) if p.unique else
                 p.closing_text(min(p.reading(start), key=p.closing_cost))).decode()
-    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(
-        json.loads(shortest))
+    validate_exactly(schema, shortest)
     return len(llm.tokenizer.encode(shortest, add_bos=False)) + CLOSING_MARGIN <= max_tokens
 
 
@@ -132,8 +141,7 @@ def greedy_is_valid(llm, schema, max_tokens):
     prompt = llm.chat_prompt([{"role": "user", "content": "Answer with JSON: " + json.dumps(schema)[:300]}])
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, guided_json=schema),
                        use_tqdm=False)[0]
-    value = json.loads(out.text)   # parses even when cut by max_tokens: budget-aware closing
-    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(value)
+    validate_exactly(schema, out.text)   # parses even when cut by max_tokens: budget-aware closing
     assert len(out.token_ids) <= max_tokens
     return out
 
@@ -151,6 +159,8 @@ def test_random_schemas_generate_valid_json(llm, schema, max_tokens):
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(scalars, st.sampled_from([16, 40]))
+# greedy writes {"value": -2, "children": [{"value": -1.00000000000000011}]}: valid, read as a decimal
+@example({"type": "number", "minimum": -2, "exclusiveMaximum": -1}, 40)
 def test_recursive_schemas_generate_valid_json(llm, value, max_tokens):
     assume(shortest_fits(llm, recursive(value), max_tokens))
     greedy_is_valid(llm, recursive(value), max_tokens)
