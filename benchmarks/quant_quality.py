@@ -8,8 +8,7 @@ original bf16 checkpoint (which this course does not have). Each variant of
 int8 activations, int8 K/V - reads two held-out texts, nothing downloaded: the prose of chapter 01
 (its markdown cells) and code of the package (minillm/model/kv_cache.py past its docstring), the
 first TOKENS tokens of each. Each text is read in one prefill that asks for every position's
-logits, except by int8 activations, which change only decode's one-row matvecs and so are fed one
-token at a time (minillm.model.quality.variant_logits says why). Each position's logits give
+logits (minillm.model.quality.variant_logits says why that is what decode computes). Each position's logits give
 perplexity, KL(fp32 || variant) and top-1 agreement with fp32 (minillm/model/quality.py). Also
 recorded: the KV bytes per token in float32 and in int8 with its scales. Quality figures do not
 depend on the machine's load; the run time does (~20 s on a quiet 2-core machine, ~1-2 minutes on a busy one).

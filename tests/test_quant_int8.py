@@ -8,10 +8,11 @@
   by sum_j |w_j| d_x(j) / 2 (plus the same fp32 slack) - a bound that a wrong scale breaks;
 - every instruction set this target can run (generic vectors, AVX2, AVX-512, AVX-512 VNNI), on
   every shape class: 1 row, rows off the interleave, 1 block, the SmolLM2 shapes, T = 1 ... 64;
-- T rows in one call (matvec_rows, what qlinear runs for T <= 8): row t bit for bit the one-row
-  kernel's result for x[t], and within the activation rounding of reference.qlinear (the spec);
-- through the model: a decode batch and a verify-shaped forward in int8 mode pick the tokens the
-  one-row path picks (the same logits, as the kernel rows are bit-identical).
+- T rows in one call (matvec_rows, what qlinear runs for T <= 8; matmul_rows, tiles of 8 rows, for
+  more): row t bit for bit the one-row kernel's result for x[t], and within the activation rounding
+  of reference.qlinear (the spec);
+- through the model: decode batches, prefills and a verify-shaped forward in int8 mode pick the
+  tokens the one-row path picks (the same logits, as the kernel rows are bit-identical).
 AVX2 code on an AVX-512 host: NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="" python -m pytest this file.
 """
 import numpy as np
@@ -137,6 +138,24 @@ def test_int8_rows_are_the_one_row_kernel_and_within_rounding_of_the_reference(i
         assert np.all(np.abs(y - spec[:T]) <= bound[:T]), f"T = {T}"
 
 
+@pytest.mark.parametrize("isa", runnable_isas(), ids=lambda i: quant_int8.ISA_NAMES[i])
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows, cols", SHAPES)
+def test_int8_matmul_rows_are_the_one_row_kernel(isa, qtype, rows, cols):
+    """T > 8 rows (a prefill, a decode batch past 8 streams, the verify of several sequences): tiles
+    of 8 rows and a rest, each row bit for bit the one-row kernel's result for it."""
+    qm = realistic_qmatrix(qtype, rows, cols, seed=rows + 5 * cols)
+    w = repack(qm, "int8", rows_per_group_for(isa))
+    x = np.random.default_rng(rows + cols).standard_normal((21, cols)).astype(np.float32)
+    x[3] *= 40     # rows of very different scales share a tile
+    x[17] *= 1e-3  # and the rest
+    one_row = np.stack([quant_int8.matvec(row, w, isa=isa) for row in x])  # (21, rows)
+    for T in (16, 21):  # whole tiles; two tiles and a rest of 5
+        y = quant_int8.matmul_rows(x[:T], w, isa=isa)
+        assert y.dtype == np.float32 and y.shape == (T, rows)
+        np.testing.assert_array_equal(y, one_row[:T], err_msg=f"T = {T}")
+
+
 def test_rows_per_pass_keeps_the_sums_in_registers_and_divides_the_group():
     for isa, budget in ((quant_int8.AVX512_VNNI, 8), (quant_int8.AVX2, 4)):
         per_vector = quant_int8.rows_per_vector(isa)
@@ -147,15 +166,20 @@ def test_rows_per_pass_keeps_the_sums_in_registers_and_divides_the_group():
                 assert rows == per_vector or (rows // per_vector) * T <= budget
 
 
-def test_qlinear_sends_a_few_int8_rows_to_one_kernel_call(monkeypatch):
-    """The dispatch: T <= 8 rows on an int8 matrix are one matvec_rows call, not T matvec calls."""
+def test_qlinear_sends_int8_rows_to_one_kernel_call(monkeypatch):
+    """The dispatch: T <= 8 rows on an int8 matrix are one matvec_rows call, not T matvec calls; more
+    rows one matmul_rows call (integer dot products at any T, not the fp32 qmatmul)."""
     qm = repack(realistic_qmatrix("Q4_1", 64, 96), "int8")
     calls = []
     monkeypatch.setattr(quant_int8, "matvec", lambda *a, **k: calls.append("matvec"))
-    real = quant_int8.matvec_rows
-    monkeypatch.setattr(quant_int8, "matvec_rows", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(quant, "qmatmul", lambda *a, **k: calls.append("qmatmul"))
+    for kernel in ("matvec_rows", "matmul_rows"):
+        real = getattr(quant_int8, kernel)
+        monkeypatch.setattr(quant_int8, kernel, lambda x, w, kernel=kernel, real=real: calls.append((kernel, x.shape[0]))
+                            or real(x, w))
     quant.qlinear(np.ones((5, 96), dtype=np.float32), qm)
-    assert calls == [5]
+    quant.qlinear(np.ones((30, 96), dtype=np.float32), qm)
+    assert calls == [("matvec_rows", 5), ("matmul_rows", 30)]
 
 
 def test_the_hot_loop_uses_the_integer_instructions():
@@ -202,14 +226,15 @@ def _greedy_batch_and_verify(model, prompts, steps: int, verify_len: int):
 
 @pytest.mark.slow
 def test_int8_model_rows_in_one_call_give_the_one_row_tokens(smollm2_path, monkeypatch):
-    """Decode batches of 8 streams and a 5-row verify in int8 mode: the same logits, bit for bit,
-    and so the same greedy tokens, as when every row runs the one-row kernel alone."""
+    """Decode batches of 8 streams, prefills of up to 13 tokens and a 12-row verify in int8 mode
+    (T-row calls of up to 8 rows, tiles of 8 beyond): the same logits, bit for bit, and so the same
+    greedy tokens, as when every row runs the one-row kernel alone."""
     from minillm.model.loader import load_model
 
     model = load_model(smollm2_path, activations="int8")
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (3, 5, 7, 9, 11, 4, 6, 13)]
-    tokens, logits, verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=5)
+    tokens, logits, verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=12)
 
     rows_in_one_call = quant_int8.matvec_rows
 
@@ -217,7 +242,8 @@ def test_int8_model_rows_in_one_call_give_the_one_row_tokens(smollm2_path, monke
         return np.concatenate([rows_in_one_call(x[t:t + 1], w, isa) for t in range(len(x))])  # (T, rows)
 
     monkeypatch.setattr(quant_int8, "matvec_rows", one_row_at_a_time)
-    want_tokens, want_logits, want_verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=5)
+    monkeypatch.setattr(quant_int8, "matmul_rows", one_row_at_a_time)
+    want_tokens, want_logits, want_verify = _greedy_batch_and_verify(model, prompts, steps=4, verify_len=12)
     np.testing.assert_array_equal(tokens, want_tokens)
     np.testing.assert_array_equal(logits, want_logits)
     np.testing.assert_array_equal(verify, want_verify)

@@ -150,18 +150,16 @@ def prefill_logits(model: Model, token_ids, cache: KVCache) -> np.ndarray:
 
 
 def variant_logits(path: str | Path, variant: str, texts: list) -> list[np.ndarray]:
-    """For each text (a list of token ids), the variant's logits (T, V) after each token.
-
-    Int8 activations change only the one-row matvecs (a prefill-sized batch runs the fp32
-    qmatmul), so that variant is fed one token at a time, as decode does. The others see the same
-    arithmetic in one prefill - an int8 cache too: ``Int8KVCache`` rounds K/V before anything
-    reads them, so each position attends to the int8 K/V of the tokens before it and its own,
-    which is what a decode step sees (an engine's prefill would use the fresh float K/V).
+    """For each text (a list of token ids), the variant's logits (T, V) after each token, from one
+    prefill: every variant sees there the arithmetic a decode step would (int8 activations too: a
+    prefill's linears give each row bit for bit its one-row result). An int8 cache as well:
+    ``Int8KVCache`` rounds K/V before anything reads them, so each position attends to the int8
+    K/V of the tokens before it and its own, which is what a decode step sees (an engine's prefill
+    would use the fresh float K/V).
     """
     model = variant_model(path, variant)
     cache_type = Int8KVCache if variant == "int8 KV" else ContiguousKVCache
-    feed = decode_logits if variant == "int8 activations" else prefill_logits
-    return [feed(model, ids, cache_type(model.config, 1, len(ids))) for ids in texts]
+    return [prefill_logits(model, ids, cache_type(model.config, 1, len(ids))) for ids in texts]
 
 
 def held_out_text(path: str | Path) -> str:

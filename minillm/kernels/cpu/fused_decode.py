@@ -55,7 +55,7 @@ from minillm.kernels.cpu.quant_repack import RepackedMatrix
 from minillm.kernels.cpu.rows import rms_norm_serial, rope_serial, swiglu_serial
 from minillm.kernels.cpu.variants import compile_variant
 
-MAX_ROWS = REPACKED_MATVEC_ROWS_MAX_T  # beyond it qlinear runs qmatmul, another kernel: the per-op path runs
+MAX_ROWS = REPACKED_MATVEC_ROWS_MAX_T  # beyond it qlinear runs other kernels: the per-op path runs
 EXACT = -1  # the activation mode of exact (fp32) weights; int8 ones name their ISA (quant_int8.TARGET_ISA)
 
 # Numba keys a cached function on its own source file only: a layer compiled into the disk cache

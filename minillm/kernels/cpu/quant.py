@@ -386,10 +386,12 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
       weight once for all T rows; otherwise `qmatvec` runs once per row, reading the packed bytes
       T times, at memory speed. Either way a row's result does not depend on the other rows (bit
       for bit).
-    - larger T (decode batches, prefill): `qmatmul`, each weight decoded once for all T rows and
-      multiplied with register tiles, fp32 in both activation modes (it reads the GGUF bytes a
-      RepackedMatrix keeps). Not BLAS: its thread pool and Numba's would fight over the cores
-      inside a forward (cpu/__init__.py).
+    - larger T (decode batches, prefill): in int8 mode `quant_int8.matmul_rows`, the same T-row
+      kernel over 8 rows of x at a time while a weight group stays in L1 - integer dot products
+      at every T, and each row still bit for bit its one-row result; in exact mode `qmatmul`, each
+      weight decoded once for all T rows and multiplied with register tiles in fp32 (it reads the
+      GGUF bytes a RepackedMatrix keeps). Not BLAS: its thread pool and Numba's would fight over
+      the cores inside a forward (cpu/__init__.py).
     The tables above MATVEC_ROWS_MAX_T have the measurements behind the thresholds.
     """
     x = _check_input(x, qm, 2)  # (T, cols)
@@ -401,6 +403,8 @@ def qlinear(x: np.ndarray, qm: QMatrix) -> np.ndarray:
         if x.shape[0] == 1:
             return _matvec_checked(x[0], qm)[None, :]  # (1, rows) decode of one stream
         return np.stack([_matvec_checked(row, qm) for row in x])  # (T, rows)
+    if isinstance(qm, RepackedMatrix) and qm.activations == "int8":
+        return quant_int8.matmul_rows(x, qm)  # (T, rows) the T-row kernel, 8 rows of x at a time
     return qmatmul(x, qm)  # (T, rows)
 
 
