@@ -21,10 +21,13 @@ bytes for qmatvec, 4 bytes per weight for fp32), and speedups (> 1: qmatvec is f
 Then the batch: T rows at once (T decode streams, or a prefill), one matrix (cached), for the two
 paths `quant.qlinear` chooses between - qmatvec once per row, and qmatmul (each weight decoded once
 into a tile, multiplied by all T rows), on the GGUF blocks and on the repacked weights the engine
-loads - and BLAS's fp32 x @ W.T. Reported: microseconds, GFLOP/s (2 T rows cols flops), qmatmul's
-speedup over both, and the repacked qmatmul's share of the FMA peak that minillm's process
-measures (minillm.hardware.microbench.fma_flops, the same threads). The crossover sets
-quant.MATVEC_ROWS_MAX_T.
+loads - and BLAS's fp32 x @ W.T; and int8 mode's integer kernel (`quant.qlinear` on weights
+repacked for int8 activations: quant_int8.matvec_rows up to 8 rows, matmul_rows beyond). Reported:
+microseconds, GFLOP/s (2 T rows cols operations, integer ones for int8), qmatmul's speedup over
+both, the repacked qmatmul's share of the FMA peak that minillm's process measures
+(minillm.hardware.microbench.fma_flops, the same threads), and the int8 kernel's share of the
+peak of its byte multiply-add (microbench.int8_dot_ops: vpdpbusd or vpmaddubsw). The crossover
+sets quant.MATVEC_ROWS_MAX_T.
 Results: benchmarks/results/quant_matvec.json.
 
 Each of the three turns reports its best sample, not its median: noise only ever makes a sample
@@ -136,6 +139,13 @@ class Kernels:
 
         return fma_flops(threads=numba.get_num_threads()).gflops
 
+    def int8_peak_gops(self) -> float:
+        import numba
+
+        from minillm.hardware.microbench import int8_dot_ops
+
+        return int8_dot_ops(threads=numba.get_num_threads()).gops
+
     def batched(self, rows: int, cols: int, qtype: str, T: int, samples: int) -> dict:
         from minillm.kernels.cpu import quant
         from minillm.kernels.cpu.quant_repack import repack
@@ -146,10 +156,11 @@ class Kernels:
         x = rng.standard_normal((T, cols)).astype(np.float32)  # (T, cols)
         if self.side == "blas":
             return {"blas_matmul": best_seconds(lambda: x @ w32.T, 1, samples)}
-        repacked = repack(qm)
+        repacked, int8 = repack(qm), repack(qm, "int8")
         return {"qmatvec_per_row": best_seconds(lambda: [quant.qmatvec(row, qm) for row in x], 1, samples),
                 "qmatmul": best_seconds(lambda: quant.qmatmul(x, qm), 1, samples),
-                "qmatmul_repacked": best_seconds(lambda: quant.qmatmul(x, repacked), 1, samples)}
+                "qmatmul_repacked": best_seconds(lambda: quant.qmatmul(x, repacked), 1, samples),
+                "int8_rows": best_seconds(lambda: quant.qlinear(x, int8), 1, samples)}
 
 
 def side_by_side(workers: dict, method: str, **kwargs) -> dict[str, float]:
@@ -171,15 +182,17 @@ def matvec_row(workers, name, rows, cols, qtype, regime, samples, overflow) -> d
     return result
 
 
-def batched_row(workers, name, rows, cols, qtype, T, samples, fma_peak: float) -> dict:
+def batched_row(workers, name, rows, cols, qtype, T, samples, fma_peak: float, int8_peak: float) -> dict:
     seconds = side_by_side(workers, "batched", rows=rows, cols=cols, qtype=qtype, T=T, samples=samples)
     flops = 2 * T * rows * cols
     result = {"case": name, "shape": [rows, cols], "format": qtype, "T": T}
     for contender, s in seconds.items():
-        result[contender] = {"us": s * 1e6, "gflops": flops / s / 1e9}
+        result[contender] = {"us": s * 1e6, "gops" if contender == "int8_rows" else "gflops": flops / s / 1e9}
     result["qmatmul_speedup_vs_qmatvec_per_row"] = seconds["qmatvec_per_row"] / seconds["qmatmul"]
     result["qmatmul_speedup_vs_blas_matmul"] = seconds["blas_matmul"] / seconds["qmatmul"]
     result["qmatmul_repacked_share_of_fma_peak"] = result["qmatmul_repacked"]["gflops"] / fma_peak
+    result["int8_rows_share_of_int8_peak"] = result["int8_rows"]["gops"] / int8_peak
+    result["int8_rows_speedup_vs_qmatmul_repacked"] = seconds["qmatmul_repacked"] / seconds["int8_rows"]
     return result
 
 
@@ -206,25 +219,27 @@ def main():
                   f"{r['speedup_vs_numba_fp32']:8.2f}x")
     batched = []
     fma_peak = statistics.median(workers["minillm"].call("fma_peak_gflops")[0] for _ in range(TURNS))
-    print(f"\nFMA peak of minillm's process: {fma_peak:.0f} GFLOP/s")
+    int8_peak = statistics.median(workers["minillm"].call("int8_peak_gops")[0] for _ in range(TURNS))
+    print(f"\nFMA peak of minillm's process: {fma_peak:.0f} GFLOP/s; int8 multiply-add peak: {int8_peak:.0f} GOP/s")
     print(f"{'case':<12} {'T':>3} {'qmatvec per row us':>19} {'qmatmul us (GFLOP/s)':>21} {'repacked us (GFLOP/s, peak)':>28} "
-          f"{'BLAS matmul us':>15} {'vs per row':>11} {'vs BLAS':>8}")
+          f"{'BLAS matmul us':>15} {'vs per row':>11} {'vs BLAS':>8} {'int8 us (GOP/s, peak)':>22}")
     for name, rows, cols, qtype in BATCH_CASES:
         for T in BATCH_SIZES:
-            r = batched_row(workers, name, rows, cols, qtype, T, samples, fma_peak)
+            r = batched_row(workers, name, rows, cols, qtype, T, samples, fma_peak, int8_peak)
             batched.append(r)
-            rq = r["qmatmul_repacked"]
+            rq, r8 = r["qmatmul_repacked"], r["int8_rows"]
             print(f"{name:<12} {T:>3} {r['qmatvec_per_row']['us']:19.1f} {r['qmatmul']['us']:12.1f} "
                   f"({r['qmatmul']['gflops']:5.1f}) {rq['us']:12.1f} ({rq['gflops']:5.1f}, "
                   f"{r['qmatmul_repacked_share_of_fma_peak']:4.0%}) {r['blas_matmul']['us']:15.1f} "
-                  f"{r['qmatmul_speedup_vs_qmatvec_per_row']:10.2f}x {r['qmatmul_speedup_vs_blas_matmul']:7.2f}x")
+                  f"{r['qmatmul_speedup_vs_qmatvec_per_row']:10.2f}x {r['qmatmul_speedup_vs_blas_matmul']:7.2f}x "
+                  f"{r8['us']:9.1f} ({r8['gops']:5.1f}, {r['int8_rows_share_of_int8_peak']:4.0%})")
     stamps = {name: w.stamp for name, w in workers.items()}
     for worker in workers.values():
         worker.close()
     name = "quant_matvec" if threads == describe_machine().cores else f"quant_matvec_{threads}thread"
     save_result(name, {"quick": args.quick, "isa": args.isa, "threads": threads, "turns": TURNS,
                        "samples_per_turn": samples, "stamps": stamps, "cases": results,
-                       "fma_peak_gflops": fma_peak, "batched": batched}, args.out)
+                       "fma_peak_gflops": fma_peak, "int8_peak_gops": int8_peak, "batched": batched}, args.out)
 
 
 if __name__ == "__main__":

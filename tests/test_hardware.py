@@ -368,3 +368,42 @@ def test_fma_peak_computes_what_it_counts():
     got = numba.njit(lambda n, s: microbench._fma_vectors(n, s))(iters, seed)
     assert got == pytest.approx(expected, rel=1e-5)
     assert microbench.fma_flop_per_call(iters) == 2 * chains * lanes * iters
+
+
+@pytest.mark.skipif(microbench.int8_dot_instruction() is None, reason="no multiply-add of bytes on this target")
+def test_int8_peak_runs_the_targets_multiply_add_of_bytes():
+    target = compile_target()
+    instruction = microbench.int8_dot_instruction()
+    register = {512: "zmm", 256: "ymm"}[target.vector_bits]
+    kernel = numba.njit(lambda iters, seed: microbench._int8_dot_vectors(iters, seed))
+    kernel(4, 0)
+    hot_loop = hot_loop_asm(next(iter(kernel.inspect_asm().values())), instruction)
+    dots = [line for line in hot_loop if line.startswith(instruction)]
+    assert dots and len(dots) % microbench.fma_chains(target.vector_bits) == 0  # LLVM may unroll the loop
+    assert all(f"%{register}" in line for line in dots), dots
+
+
+@pytest.mark.skipif(microbench.int8_dot_instruction() is None, reason="no multiply-add of bytes on this target")
+def test_int8_peak_computes_what_it_counts():
+    """Every chain modelled in NumPy: vpdpbusd adds 4 products of bytes into each int32 lane
+    (wrapping); vpmaddubsw sums 2 products into each int16 lane, saturated, and its result's bytes
+    are the next step's signed operand. The call returns every lane of every chain, summed."""
+    iters, seed = 40, 7
+    target = compile_target()
+    n_bytes, chains = target.vector_bits // 8, microbench.fma_chains(target.vector_bits)
+    vnni = microbench.int8_dot_instruction() == "vpdpbusd"
+    total = np.zeros(n_bytes // (4 if vnni else 2), dtype=np.int32 if vnni else np.int16)
+    for c in range(chains):
+        u = microbench.int8_dot_operand(c)
+        acc = np.full(n_bytes, (seed + c) % 256, dtype=np.uint8).view(np.int32 if vnni else np.int16)  # (lanes,)
+        for _ in range(iters):
+            if vnni:
+                acc = acc + np.int32(4 * u * microbench.INT8_DOT_SIGNED)  # wraps, as the hardware does
+            else:
+                s = acc.view(np.int8).astype(np.int64).reshape(-1, 2)   # (lanes, 2) signed bytes
+                acc = np.clip(u * s.sum(axis=1), -32768, 32767).astype(np.int16)
+        total = total + acc
+    got = numba.njit(lambda n, s: microbench._int8_dot_vectors(n, s))(iters, seed)
+    assert got == int(total.astype(np.int64).sum())
+    assert microbench.int8_macs_per_call(iters) == chains * n_bytes * iters
+    assert _finite_positive(microbench.int8_dot_ops(1 << 10, threads=1, repeats=1).gops)

@@ -330,6 +330,113 @@ def fma_flops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 3
 
 
 # ----------------------------------------------------------------------------------------------
+# Peak int8 multiply-adds: the roof of int8 mode's integer dot products (kernels/cpu/quant_int8.py)
+
+def int8_dot_instruction() -> str | None:
+    """The multiply-add of bytes (unsigned x signed) the int8 kernels are built on for this target:
+    "vpdpbusd" (AVX-512 VNNI: 4 products summed into each int32 lane), "vpmaddubsw" (AVX2 and
+    AVX-512 without VNNI: 2 products into each int16 lane), or None (other targets, where the kernels
+    are generic vector code and have no such roof)."""
+    target = compile_target()
+    if target.isa == "avx512" and target.vnni:
+        return "vpdpbusd"
+    return "vpmaddubsw" if target.isa in ("avx2", "avx512") else None
+
+
+INT8_DOT_SIGNED = 3  # vpdpbusd's signed operand, in every byte
+
+
+def int8_dot_operand(chain: int) -> int:
+    """The unsigned bytes chain ``chain`` multiplies by (every byte alike)."""
+    return (5 * chain + 1) % 127
+
+
+@intrinsic
+def _int8_dot_vectors(typingctx, iters, seed):
+    """Chains c = 0..CHAINS-1 of the target's byte multiply-add, each feeding its own next step:
+    vpdpbusd acc_c += u_c . s (the accumulator is an operand), or acc_c = vpmaddubsw(u_c, acc_c's
+    bytes) (its result as the next step's signed bytes, so no step can be hoisted out of the loop);
+    returns the lanes' sum, so that nothing is dead code. Products per call: ``int8_macs_per_call``."""
+    target = compile_target()
+    bits, chains = target.vector_bits, fma_chains(target.vector_bits)
+    vnni = int8_dot_instruction() == "vpdpbusd"
+    i8, i16, i32 = (ir.VectorType(ir.IntType(w), bits // w) for w in (8, 16, 32))
+    acc_type = i32 if vnni else i16
+    if vnni:
+        name, signature = "llvm.x86.avx512.vpdpbusd.512", ir.FunctionType(i32, [i32, i32, i32])
+    else:
+        name = "llvm.x86.avx512.pmaddubs.w.512" if bits == 512 else "llvm.x86.avx2.pmadd.ub.sw"
+        signature = ir.FunctionType(i16, [i8, i8])
+
+    def codegen(context, builder, sig, args):
+        iters_value, seed_value = args
+        dot = cgutils.get_or_insert_function(builder.module, signature, name)
+        start = builder.trunc(seed_value, ir.IntType(8))
+        u = [builder.bitcast(ir.Constant(i8, [int8_dot_operand(c)] * (bits // 8)), acc_type if vnni else i8)
+             for c in range(chains)]
+        s = builder.bitcast(ir.Constant(i8, [INT8_DOT_SIGNED] * (bits // 8)), acc_type) if vnni else None
+        acc = []
+        for c in range(chains):  # every byte of chain c starts at seed + c
+            byte = builder.insert_element(ir.Constant(i8, ir.Undefined), builder.add(start, ir.Constant(ir.IntType(8), c)),
+                                          ir.Constant(ir.IntType(32), 0))
+            splat = builder.shuffle_vector(byte, ir.Constant(i8, ir.Undefined),
+                                           ir.Constant(ir.VectorType(ir.IntType(32), bits // 8), [0] * (bits // 8)))
+            acc.append(cgutils.alloca_once_value(builder, builder.bitcast(splat, acc_type)))
+        with cgutils.for_range(builder, iters_value):
+            for c, chain in enumerate(acc):      # the hot loop: `chains` independent multiply-adds
+                value = builder.load(chain)
+                step = (builder.call(dot, [value, u[c], s]) if vnni
+                        else builder.call(dot, [u[c], builder.bitcast(value, i8)]))
+                builder.store(step, chain)
+        total = builder.load(acc[0])
+        for chain in acc[1:]:
+            total = builder.add(total, builder.load(chain))
+        wide = builder.sext(total, ir.VectorType(ir.IntType(64), acc_type.count))
+        reduce = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(64), [wide.type]), f"llvm.vector.reduce.add.v{acc_type.count}i64")
+        return builder.call(reduce, [wide])
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+def int8_macs_per_call(iters: int) -> int:
+    """Byte products (multiply-adds) of one ``_int8_dot_vectors`` call: a vector's bytes per instruction."""
+    target = compile_target()
+    return fma_chains(target.vector_bits) * (target.vector_bits // 8) * iters
+
+
+@njit(parallel=True, cache=True)
+def _int8_dot_kernel(iters, threads):
+    partial = np.zeros(threads, np.int64)   # (threads,)
+    for t in prange(threads):
+        partial[t] = _int8_dot_vectors(iters, t)
+    return partial.sum()
+
+
+@dataclass(frozen=True)
+class PeakInt8:
+    instruction: str          # "vpdpbusd" or "vpmaddubsw"
+    gops: float               # 1e9 integer operations per second (a multiply-add of two bytes counts as 2)
+    threads: int
+
+
+def int8_dot_ops(iters: int = 1 << 18, threads: int | None = None, repeats: int = 30,
+                 budget_s: float = BUDGET_S) -> PeakInt8:
+    """Chains of the target's byte multiply-add on independent accumulators, one copy per thread (as
+    ``fma_flops``): the roof for int8 mode's kernels, which also unpack codes and convert sums."""
+    instruction = int8_dot_instruction()
+    if instruction is None:
+        raise ValueError(f"no integer multiply-add of bytes on this target ({compile_target().isa}): "
+                         f"the int8 kernels run generic vector code here")
+    threads = threads or numba.get_num_threads()
+    if not 1 <= threads <= numba.get_num_threads():
+        raise ValueError(f"threads must be between 1 and {numba.get_num_threads()}, got {threads}")
+    _int8_dot_kernel(1, threads)
+    seconds = best_time(lambda: _int8_dot_kernel(iters, threads), repeats, budget_s)
+    return PeakInt8(instruction, 2 * int8_macs_per_call(iters) * threads / seconds / 1e9, threads)
+
+
+# ----------------------------------------------------------------------------------------------
 # Per-call overhead
 
 @njit(cache=True)
