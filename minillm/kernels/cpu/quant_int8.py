@@ -41,10 +41,11 @@ T = 8 140 -> 91 us.
 Many rows (a prefill, a decode batch past 8 streams, a verify of several sequences) run the same
 kernel 8 rows at a time (``matmul_rows``): a thread holds one weight group in L1 and streams the
 quantized rows of x past it. Integer dot products at every T, and every row still bit for bit its
-one-row result, so int8 mode's logits do not depend on how rows were batched. Measured against the
-fp32 ``qmatmul`` the int8 mode ran before (same process, 2 threads, the SmolLM2 file, a 512-token
-prefill on a paged cache): the linears 493 -> 211 ms, the prefill 628 -> 340 ms with AVX-512 VNNI
-code; 929 -> 598 ms with AVX2 code (before the int16 sums above).
+one-row result, so int8 mode's logits do not depend on how rows were batched. Measured against
+exact mode's fp32 ``qmatmul``, which int8 mode ran too before (2 threads, the SmolLM2 file, a
+512-token prefill on a paged cache, each mode in its own process): the linears 493 -> 211 ms, the
+prefill 628 -> 340 ms with AVX-512 VNNI code; 929 -> 598 ms with AVX2 code (before the int16 sums
+above).
 """
 from __future__ import annotations
 
@@ -401,6 +402,8 @@ def matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, r
 
 @functools.cache
 def _matmul_kernel(qtype_code: int, rows_per_group: int, rest: int, isa: int):
+    """matmul_rows_into for one code layout, R, T % X_TILE and instruction set, as a function of the
+    arrays alone, compiled on first use and cached on disk (cpu/variants.py)."""
     def matmul_kernel(quants, scales, mins, x, out):
         matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, rest, isa)
 
