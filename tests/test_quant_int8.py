@@ -143,14 +143,14 @@ def test_int8_rows_are_the_one_row_kernel_and_within_rounding_of_the_reference(i
 @pytest.mark.parametrize("rows, cols", SHAPES)
 def test_int8_matmul_rows_are_the_one_row_kernel(isa, qtype, rows, cols):
     """T > 8 rows (a prefill, a decode batch past 8 streams, the verify of several sequences): tiles
-    of 8 rows and a rest, each row bit for bit the one-row kernel's result for it."""
+    of 8 rows, then the rest in pieces of 4, 2 and 1, each row bit for bit the one-row kernel's."""
     qm = realistic_qmatrix(qtype, rows, cols, seed=rows + 5 * cols)
     w = repack(qm, "int8", rows_per_group_for(isa))
-    x = np.random.default_rng(rows + cols).standard_normal((21, cols)).astype(np.float32)
+    x = np.random.default_rng(rows + cols).standard_normal((23, cols)).astype(np.float32)
     x[3] *= 40     # rows of very different scales share a tile
-    x[17] *= 1e-3  # and the rest
-    one_row = np.stack([quant_int8.matvec(row, w, isa=isa) for row in x])  # (21, rows)
-    for T in (16, 21):  # whole tiles; two tiles and a rest of 5
+    x[19] *= 1e-3  # and a piece
+    one_row = np.stack([quant_int8.matvec(row, w, isa=isa) for row in x])  # (23, rows)
+    for T in (16, 23):  # whole tiles; two tiles and pieces of 4, 2 and 1
         y = quant_int8.matmul_rows(x[:T], w, isa=isa)
         assert y.dtype == np.float32 and y.shape == (T, rows)
         np.testing.assert_array_equal(y, one_row[:T], err_msg=f"T = {T}")

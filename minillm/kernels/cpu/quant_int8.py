@@ -131,8 +131,7 @@ def _quantize_block(typingctx, x, t, b, codes, scales, sums):
     return types.void(x, t, b, codes, scales, sums), codegen
 
 
-@njit(cache=True)
-def quantize_activations(x):
+def _quantize_rows(x):
     """x (T, cols) float32 -> codes int8 (T, cols), scales float32 (T, blocks), sums float32 (T, blocks).
 
     Rounding as C's roundf (halves away from zero), as ggml's quantize_row_q8_1. The scale stays
@@ -143,10 +142,17 @@ def quantize_activations(x):
     codes = np.empty(x.shape, dtype=np.int8)              # (T, cols)
     scales = np.empty((T, n_blocks), dtype=np.float32)    # (T, blocks)
     sums = np.empty((T, n_blocks), dtype=np.float32)      # (T, blocks)
-    for t in range(T):
+    for t in prange(T):  # a plain loop where parallel is off
         for b in range(n_blocks):
             _quantize_block(x, t, b, codes, scales, sums)
     return codes, scales, sums
+
+
+# The one-row and T-row kernels quantize their few rows on the calling thread (a fork and a join
+# would cost more than the rows); matmul_rows shares a prefill's rows among the threads (512 rows
+# of 1536 on one thread: ~0.5 ms a linear). The same blocks either way, so the same bits.
+quantize_activations = njit(cache=True)(_quantize_rows)
+quantize_activations_parallel = njit(parallel=True)(_quantize_rows)  # not cached: one index per function
 
 
 # -----------------------------------------------------------------------------------------------
@@ -363,51 +369,47 @@ def _kernel(qtype_code: int, rows_per_group: int, tokens: int, isa: int):
 X_TILE = 8  # rows of x per call of the T-row kernel below: the largest T qlinear sends to matvec_rows
 
 
-@njit(parallel=True)
-def quantize_activations_parallel(x):
-    """quantize_activations, rows shared among the threads: for the many rows of a prefill (512
-    rows of 1536 on one thread: ~0.5 ms a linear). The same blocks, so the same bits."""
-    T, n_blocks = x.shape[0], x.shape[1] // 32
-    codes = np.empty(x.shape, dtype=np.int8)              # (T, cols)
-    scales = np.empty((T, n_blocks), dtype=np.float32)    # (T, blocks)
-    sums = np.empty((T, n_blocks), dtype=np.float32)      # (T, blocks)
-    for t in prange(T):
-        for b in range(n_blocks):
-            _quantize_block(x, t, b, codes, scales, sums)
-    return codes, scales, sums
-
-
 # Not cached on disk, as matvec_rows_into; ``_matmul_kernel`` is.
 @njit(parallel=True)
-def matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, rest, isa):
+def matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, isa):
     """out (T, padded rows) ~ x (T, cols) W^T for any T: a thread takes a weight group and runs the
-    T-row kernel over x X_TILE rows at a time, then over the last ``rest`` (= T % X_TILE) rows, so
-    the group's codes are read from memory once and unpacked once a tile, from L1. Row t is bit for
-    bit matvec(x[t]): the same kernel on the same row. Constants as in matvec_rows_into; ``rest``
-    one too (a variant for each T % X_TILE)."""
+    T-row kernel over x X_TILE rows at a time, so the group's codes are read from memory once and
+    unpacked once a tile, from L1; the rows past the last whole tile go through at most one call each
+    of 4, 2 and 1 rows, so that one kernel serves every T (a variant per T % 8 was a compile of
+    seconds the first time a server met each batch size). Row t is bit for bit matvec(x[t]): the
+    same kernel on the same row. Constants as in matvec_rows_into."""
     literally(qtype_code)
     literally(rows_per_group)
-    literally(rest)
     literally(isa)
     x_codes, x_scales, x_sums = quantize_activations_parallel(x)  # (T, cols), (T, blocks), (T, blocks)
-    full = x.shape[0] // X_TILE * X_TILE
+    T = x.shape[0]
     for g in prange(out.shape[1] // rows_per_group):
-        for t in range(0, full, X_TILE):
+        t = 0
+        while t + X_TILE <= T:
             _group_dot(quants, scales, mins, x_codes[t:t + X_TILE], x_scales[t:t + X_TILE], x_sums[t:t + X_TILE], g,
                        out[t:t + X_TILE], qtype_code, rows_per_group, X_TILE, isa)
-        if rest:
-            _group_dot(quants, scales, mins, x_codes[full:], x_scales[full:], x_sums[full:], g, out[full:],
-                       qtype_code, rows_per_group, rest, isa)
+            t += X_TILE
+        if T - t >= 4:
+            _group_dot(quants, scales, mins, x_codes[t:t + 4], x_scales[t:t + 4], x_sums[t:t + 4], g, out[t:t + 4],
+                       qtype_code, rows_per_group, 4, isa)
+            t += 4
+        if T - t >= 2:
+            _group_dot(quants, scales, mins, x_codes[t:t + 2], x_scales[t:t + 2], x_sums[t:t + 2], g, out[t:t + 2],
+                       qtype_code, rows_per_group, 2, isa)
+            t += 2
+        if T - t == 1:
+            _group_dot(quants, scales, mins, x_codes[t:t + 1], x_scales[t:t + 1], x_sums[t:t + 1], g, out[t:t + 1],
+                       qtype_code, rows_per_group, 1, isa)
 
 
 @functools.cache
-def _matmul_kernel(qtype_code: int, rows_per_group: int, rest: int, isa: int):
-    """matmul_rows_into for one code layout, R, T % X_TILE and instruction set, as a function of the
-    arrays alone, compiled on first use and cached on disk (cpu/variants.py)."""
+def _matmul_kernel(qtype_code: int, rows_per_group: int, isa: int):
+    """matmul_rows_into for one code layout, R and instruction set, as a function of the arrays
+    alone, compiled on first use and cached on disk (cpu/variants.py)."""
     def matmul_kernel(quants, scales, mins, x, out):
-        matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, rest, isa)
+        matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, isa)
 
-    return compile_variant(matmul_kernel, code=qtype_code, R=rows_per_group, rest=rest, isa=isa)
+    return compile_variant(matmul_kernel, code=qtype_code, R=rows_per_group, isa=isa)
 
 
 def rows_per_group_problem(w: RepackedMatrix, isa: int) -> str | None:
@@ -446,14 +448,14 @@ def matvec_rows(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.
 def matmul_rows(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.ndarray:
     """x (T, cols) float32 -> (T, rows) ~ x W^T with int8 activations, for any T (qlinear sends
     T > 8 here): row t bit for bit ``matvec(x[t])``, as in matvec_rows, each weight group read once
-    and unpacked once every X_TILE rows. One kernel is compiled per T % X_TILE."""
+    and unpacked once every X_TILE rows. One kernel serves every T."""
     if isa is None:
         isa = TARGET_ISA
     problem = rows_per_group_problem(w, isa)
     if problem:
         raise ValueError(problem)
     out = np.empty((x.shape[0], w.groups * w.rows_per_group), dtype=np.float32)  # (T, padded rows)
-    _matmul_kernel(QTYPE_CODES[w.qtype], w.rows_per_group, x.shape[0] % X_TILE, isa)(w.quants, w.scales, w.mins, x, out)
+    _matmul_kernel(QTYPE_CODES[w.qtype], w.rows_per_group, isa)(w.quants, w.scales, w.mins, x, out)
     return out[:, :w.shape[0]]
 
 
