@@ -435,27 +435,26 @@ def matvec_rows(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.
     """x (T, cols) float32 -> (T, rows) ~ x W^T with int8 activations, each packed weight read and
     unpacked once for all T rows (x must already be checked: quant.qlinear). Row t is bit for bit
     what ``matvec(x[t])`` gives. One kernel is compiled per T: callers keep T small (qlinear: <= 8)."""
-    if isa is None:
-        isa = TARGET_ISA
-    problem = rows_per_group_problem(w, isa)
-    if problem:
-        raise ValueError(problem)
-    out = np.empty((x.shape[0], w.groups * w.rows_per_group), dtype=np.float32)  # (T, padded rows)
-    kernel_for(w, isa, x.shape[0])(w.quants, w.scales, w.mins, x, out)
-    return out[:, :w.shape[0]]
+    return _run(x, w, isa, lambda isa: kernel_for(w, isa, x.shape[0]))
 
 
 def matmul_rows(x: np.ndarray, w: RepackedMatrix, isa: int | None = None) -> np.ndarray:
     """x (T, cols) float32 -> (T, rows) ~ x W^T with int8 activations, for any T (qlinear sends
     T > 8 here): row t bit for bit ``matvec(x[t])``, as in matvec_rows, each weight group read once
     and unpacked once every X_TILE rows. One kernel serves every T."""
+    return _run(x, w, isa, lambda isa: _matmul_kernel(QTYPE_CODES[w.qtype], w.rows_per_group, isa))
+
+
+def _run(x: np.ndarray, w: RepackedMatrix, isa: int | None, kernel_for_isa) -> np.ndarray:
+    """The compiled kernel ``kernel_for_isa(isa)`` (this target's best ISA unless given) on x and w,
+    once w's R is one it takes -> (T, rows), cut from the kernel's padded (T, groups * R) output."""
     if isa is None:
         isa = TARGET_ISA
     problem = rows_per_group_problem(w, isa)
     if problem:
         raise ValueError(problem)
     out = np.empty((x.shape[0], w.groups * w.rows_per_group), dtype=np.float32)  # (T, padded rows)
-    _matmul_kernel(QTYPE_CODES[w.qtype], w.rows_per_group, isa)(w.quants, w.scales, w.mins, x, out)
+    kernel_for_isa(isa)(w.quants, w.scales, w.mins, x, out)
     return out[:, :w.shape[0]]
 
 
