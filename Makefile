@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # test had passed; Ray Serve leaves a daemon event-loop thread behind) prints every thread's stack.
 PYTEST := $(PY) -X faulthandler -m pytest
 
-.PHONY: lab test install model browser test-unit test-cuda test-cuda-then-course test-notebooks notebooks bench-peers clean
+.PHONY: lab test install model browser test-unit test-cuda test-notebooks notebooks bench-peers clean
 
 ## make lab: environment + default model, then JupyterLab on chapters/
 lab: install model
@@ -19,18 +19,10 @@ lab: install model
 # The simulator runs every GPU thread as a Python thread, so it holds one core (the GIL): it runs
 # beside the notebooks, each target's output printed whole when it ends (-O). 2-core Xeon VM: one
 # after the other, CUDA 13.3 min and notebooks 11.4 (34 min with the unit tests' 9.1); side by side,
-# 10.9 min for both (CUDA 7.3, notebooks 10.9). On a fresh clone (every kernel compiled anew) the
-# unit tests took 15.7 min, CUDA 7.1 and the notebooks 10.0: 30.6 min in all with the install. So
-# the course's end-to-end tests (COURSE_TESTS, ~3 min: a learner's seats through the whole engine)
-# run in the CUDA lane, after the simulator, instead of before both lanes.
-COURSE_TESTS := tests/test_course.py
-test: install model browser
-	$(PYTEST) tests --ignore=tests/cuda --ignore=$(COURSE_TESTS)
-	$(MAKE) --no-print-directory -j2 -O test-cuda-then-course test-notebooks
+# 10.9 min for both (CUDA 7.3, notebooks 10.9).
+test: install model browser test-unit
+	$(MAKE) --no-print-directory -j2 -O test-cuda test-notebooks
 	@echo "make test: all suites passed"
-
-test-cuda-then-course: test-cuda
-	$(PYTEST) $(COURSE_TESTS)
 
 install: $(STAMP)
 
