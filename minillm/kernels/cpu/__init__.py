@@ -89,7 +89,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (T, D) (or any (..., D)), weight (D,) -> x / rms(x) * weight, fused: two passes over each row."""
     shapes.check_rms_norm(x, weight)
     shapes.check_float32(x=x, weight=weight)
-    rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])  # (T, D)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))  # (T, D), whole rows for the fixed-order sum
     kernel = rms_norm_parallel if _parallel(rows.shape[0], rows.size) else rms_norm_serial
     out = kernel(rows, weight, np.float32(eps))  # (T, D)
     return out if x.ndim == 2 else out.reshape(x.shape)

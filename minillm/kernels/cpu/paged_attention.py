@@ -35,7 +35,7 @@ from numba.core.extending import intrinsic
 from minillm.hardware.machine import compile_target
 from minillm.kernels import shapes
 from minillm.kernels.cpu import quant_llvm as L
-from minillm.kernels.cpu.rows import FAST, KERNEL, fast_exp, float32_max
+from minillm.kernels.cpu.rows import KERNEL, LANES, ORDERED, fast_exp, fixed_order_sum, float32_max, row_max
 from minillm.kernels.cpu.variants import compile_variant
 
 # -----------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def _weighted_values(typingctx, weights, v_cache, table, kv_head, s0, s1, acc, g
     return types.void(weights, v_cache, table, kv_head, s0, s1, acc, group, head_dim), codegen
 
 
-@njit(**KERNEL)
+@njit(**ORDERED)
 def _attend_chunk(q, k_cache, v_cache, table, i, kv_head, s0, s1, scale, m_out, l_out, acc_out, group, head_dim):
     """Query row i's heads of kv_head over keys s0..s1-1 of one sequence: per head m, l and acc.
 
@@ -233,21 +233,16 @@ def _attend_chunk(q, k_cache, v_cache, table, i, kv_head, s0, s1, scale, m_out, 
     _key_scores(queries, k_cache, table, kv_head, s0, s1, scores, group, head_dim)
     for g in range(group):
         row = scores[g]
-        m = np.float32(-np.inf)
+        m = row_max(row)
         for j in range(row.shape[0]):
-            m = float32_max(m, row[j])
-        total = np.float32(0.0)
-        for j in range(row.shape[0]):
-            p = fast_exp(row[j] - m)                             # in (0, 1]: the max was subtracted
-            row[j] = p
-            total += p
-        m_out[g], l_out[g] = m, total
+            row[j] = fast_exp(row[j] - m)                        # in (0, 1]: the max was subtracted
+        m_out[g], l_out[g] = m, fixed_order_sum(row)             # an empty chunk: -inf and 0
     _weighted_values(scores, v_cache, table, kv_head, s0, s1, acc_out, group, head_dim)
 
 
 # Not cached on disk: its variants (one per head shape) would share one index (cpu/variants.py).
 # Its callers are, each variant under its own name (``decode_kernel`` below, cpu/fused_decode.py).
-@njit(parallel=True, fastmath=FAST, error_model="numpy")
+@njit(parallel=True, fastmath=ORDERED["fastmath"], error_model="numpy")
 def paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale, out,
                            group, head_dim):
     """out[i, h] = softmax(scale q[i, h] . K) V over the first query_keys[i] keys of sequence query_seq[i].
@@ -324,7 +319,6 @@ def decode_kernel(group: int, head_dim: int):
 
 PREFILL_QUERY_TILE = 32  # query tokens per job (x group heads = rows of the score tile)
 PREFILL_KEY_TILE = 64    # keys per step: the transposed key tile (16 KB at Dh = 64) stays in L1
-LANES = max(4, compile_target().vector_bits // 32)  # floats per vector register of the target
 TILE_VECTORS = 4                                     # vectors of a row a micro-tile covers
 # rows of a micro-tile: its TILE_ROWS x TILE_VECTORS accumulators, the loaded vectors and a
 # broadcast must fit the registers: 32 on AVX-512, 16 on AVX2 (AArch64's 32 could take more rows;
@@ -425,7 +419,7 @@ def _tile_values(typingctx, weights, v_cache, table, kv_head, s0, s1, alpha, acc
     return types.void(weights, v_cache, table, kv_head, s0, s1, alpha, acc, head_dim), codegen
 
 
-@njit(**KERNEL)
+@njit(**ORDERED)
 def _prefill_job(q, k_cache, v_cache, table, first_row, context_len, t0, t1, kv_head, scale, out, group, head_dim):
     """Queries t0..t1-1 (chunk-relative) of one sequence, the heads of kv_head -> out rows."""
     block_size = k_cache.shape[1]
@@ -459,16 +453,11 @@ def _prefill_job(q, k_cache, v_cache, table, first_row, context_len, t0, t1, kv_
                 continue
             for j in range(visible, PREFILL_KEY_TILE):              # -inf: weight exactly 0; the loops
                 row[j] = -np.inf                                    # below then run whole vectors
-            new_m = m[r]
-            for j in range(PREFILL_KEY_TILE):
-                new_m = float32_max(new_m, row[j])
+            new_m = float32_max(m[r], row_max(row))
             alpha[r] = fast_exp(m[r] - new_m)                       # 0 on the row's first tile
-            total = np.float32(0.0)
             for j in range(PREFILL_KEY_TILE):
-                p = fast_exp(row[j] - new_m)
-                row[j] = p
-                total += p
-            l[r] = l[r] * alpha[r] + total
+                row[j] = fast_exp(row[j] - new_m)
+            l[r] = l[r] * alpha[r] + fixed_order_sum(row)
             m[r] = new_m
         _tile_values(s, v_cache, table, kv_head, k0, k0 + nk, alpha, acc, head_dim)  # acc = acc alpha + P V
     for r in range(n_rows):
@@ -479,7 +468,7 @@ def _prefill_job(q, k_cache, v_cache, table, first_row, context_len, t0, t1, kv_
 
 # Not cached on disk: its variants (one per head shape) would share one index (cpu/variants.py).
 # Its callers are, each variant under its own name (``prefill_kernel`` below, cpu/fused_decode.py).
-@njit(parallel=True, fastmath=FAST, error_model="numpy")
+@njit(parallel=True, fastmath=ORDERED["fastmath"], error_model="numpy")
 def paged_prefill_kernel(q, k_cache, v_cache, block_tables, query_starts, context_lens,
                          job_seq, job_t0, scale, out, group, head_dim):
     """Every (query tile, kv head) job of a prefill batch. job_seq, job_t0 (J,) name each tile;

@@ -9,6 +9,15 @@ cpu/__init__.py picks between them with PARALLEL_MIN_ELEMENTS.
 fastmath: the flags below let LLVM reorder additions (so sums vectorise) and use FMAs, but
 keep IEEE infinities and NaNs meaningful (no "ninf"/"nnan"), because softmax must accept
 -inf logits (masked tokens) and give them probability exactly 0.
+
+Except where two code paths must agree bit for bit. The fused decode layer (cpu/fused_decode.py)
+and the per-op forward call rms_norm and the paged attention kernels from different compiled
+callers, and a sum LLVM may reorder is added in whatever order each compile chose: a kernel compiled
+in the process and the same kernel loaded from Numba's disk cache (where it was linked into its
+caller otherwise) summed a softmax's weights differently - one ulp, on one head of SmolLM2, which
+int8 mode's rounding of the activations turned into logits 0.4 apart. Those kernels take ORDERED:
+no reassociation, their sums written out in a fixed order (``fixed_order_sum``, ``fixed_order_dot``), and their maxima
+(exact in any order) left to the FAST flags (``row_max``).
 """
 import numpy as np
 from llvmlite import ir
@@ -16,10 +25,16 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from minillm.hardware.machine import compile_target
+from minillm.kernels.cpu import quant_llvm as L
+
 FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # error_model="numpy": x / 0 gives inf as in NumPy. Numba's default (Python's) tests every
 # division for zero to raise ZeroDivisionError, and that branch stops the loop from vectorising.
 KERNEL = {"cache": True, "fastmath": FAST, "error_model": "numpy"}
+# FMAs only: every other operation rounds where the source says (see the module docstring)
+ORDERED = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
+LANES = max(4, compile_target().vector_bits // 32)  # floats per vector register of the target
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below ~32k floats one core finishes before threads would start
 SOFTMAX_CHUNK = 256              # the online softmax rescales its running sum once per chunk
 
@@ -92,28 +107,89 @@ def exp_rows(x):
 
 
 # -----------------------------------------------------------------------------
-# rms_norm: one pass for the sum of squares, one to scale
+# sums in a fixed order, and the maximum
+#
+# LANES running sums in one vector register (lane k takes elements k, k + LANES, ...), the lanes then
+# added in order, then the elements past the last whole vector: the order is the code's, so every
+# compile of every caller rounds alike. One accumulator costs an add's latency per vector (~4
+# cycles a 16 floats); the rows summed here are at most a few thousand floats.
+
+
+def _fixed_order_codegen(products: bool):
+    """Codegen of the sum of x (products False) or of x * y (each product fused into its addition)."""
+    def codegen(context, builder, signature, args):
+        x_ptr = L.array_data(context, builder, signature.args[0], args[0])
+        y_ptr = L.array_data(context, builder, signature.args[-1], args[-1])
+        n = L.array_shape(context, builder, signature.args[0], args[0], 0)
+        vec = L.vector(L.F32, LANES)
+
+        def add(acc, at, value_type):  # acc + x[at] (or + x[at] * y[at]): a vector or a scalar
+            x = L.load(builder, x_ptr, at, value_type)
+            if not products:
+                return builder.fadd(acc, x)
+            fma = f"llvm.fma.v{LANES}f32" if value_type is vec else "llvm.fma.f32"
+            return L.call(builder, fma, value_type, x, L.load(builder, y_ptr, at, value_type), acc)
+
+        lanes = L.accumulator(builder, L.constant_vector(L.F32, [0.0] * LANES))
+        whole = builder.mul(builder.sdiv(n, L.index(LANES)), L.index(LANES))    # elements in whole vectors
+        with cgutils.for_range_slice(builder, L.index(0), whole, L.index(LANES)) as (i, _):
+            builder.store(add(builder.load(lanes), i, vec), lanes)
+        total = L.accumulator(builder, L.horizontal_sum(builder, builder.load(lanes), ir.Constant(L.F32, 0.0)))
+        with cgutils.for_range_slice(builder, whole, n, L.index(1)) as (i, _):
+            builder.store(add(builder.load(total), i, L.F32), total)
+        return builder.load(total)
+    return codegen
+
+
+def _float32_vectors(*arrays) -> bool:
+    return all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
+               for a in arrays)
+
+
+@intrinsic
+def fixed_order_sum(typingctx, x):
+    """The sum of a 1-D C-contiguous float32 array, in the order above."""
+    return (types.float32(x), _fixed_order_codegen(products=False)) if _float32_vectors(x) else None
+
+
+@intrinsic
+def fixed_order_dot(typingctx, x, y):
+    """The sum of x[i] * y[i] over two 1-D C-contiguous float32 arrays of one length (y may be x:
+    a sum of squares), in the order above, each product fused into its addition (one rounding)."""
+    return (types.float32(x, y), _fixed_order_codegen(products=True)) if _float32_vectors(x, y) else None
 
 
 @njit(**KERNEL)
-def _rms_norm_row(x, weight, eps, out):
-    ss = np.float32(0.0)
+def row_max(x):
+    """The largest element of a 1-D array. A maximum rounds nothing, so its order does not matter:
+    the FAST flags may vectorise it as they like (ORDERED kernels call it for their maxima)."""
+    m = np.float32(-np.inf)
     for i in range(x.shape[0]):
-        ss += x[i] * x[i]
-    inv_rms = np.float32(1.0) / np.sqrt(ss / np.float32(x.shape[0]) + eps)
+        m = float32_max(m, x[i])
+    return m
+
+
+# -----------------------------------------------------------------------------
+# rms_norm: one pass for the sum of squares, one to scale
+
+
+@njit(**ORDERED)
+def _rms_norm_row(x, weight, eps, out):
+    inv_rms = np.float32(1.0) / np.sqrt(fixed_order_dot(x, x) / np.float32(x.shape[0]) + eps)
     for i in range(x.shape[0]):
         out[i] = x[i] * inv_rms * weight[i]
 
 
-@njit(**KERNEL)
+@njit(**ORDERED)
 def rms_norm_serial(x, weight, eps):
+    """x (T, D) C-contiguous (cpu.rms_norm makes it so)."""
     out = np.empty_like(x)  # (T, D)
     for t in range(x.shape[0]):
         _rms_norm_row(x[t], weight, eps, out[t])
     return out
 
 
-@njit(parallel=True, **KERNEL)
+@njit(parallel=True, **ORDERED)
 def rms_norm_parallel(x, weight, eps):
     out = np.empty_like(x)  # (T, D)
     for t in prange(x.shape[0]):
