@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/throughput.py --quick    # a smoke run: 16 short requests
     .venv/bin/python benchmarks/throughput.py --num-requests 32 --input-len 16 128 --output-len 16 64
     .venv/bin/python benchmarks/throughput.py --quick --isa avx2 --out /tmp/b   # the AVX2 code path, to /tmp/b
+    .venv/bin/python benchmarks/throughput.py --activations int8   # minillm in int8 mode: throughput_int8.json
 
 The workload: NUM_REQUESTS requests of random token ids (fixed seed), each with a random prompt
 length and a random output length drawn uniformly from the given ranges; every request generates
@@ -25,7 +26,8 @@ The two serial contenders run on the first SERIAL_REQUESTS requests only (tokens
 does not depend on how many requests follow each other). minillm also runs max_num_seqs 4 and 16:
 the throughput-vs-batch curve 1, 4, 16, 64. Every run is repeated (``--repeats``, 3 by default),
 interleaved (minillm's curve, transformers, llama.cpp, then again), medians reported with every
-repeat. Results: benchmarks/results/throughput.json, with the ratios minillm / each peer (> 1: minillm
+repeat. Results: benchmarks/results/throughput.json (throughput_int8.json for ``--activations int8``:
+minillm's contenders in int8 mode, whose batched decode past 8 streams runs the integer kernel), with the ratios minillm / each peer (> 1: minillm
 is faster). The full run takes ~40 minutes on 2 cores, transformers' padded batch ~8 of them a repeat.
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 
 import numpy as np
 from common import (LLAMA_CPP, SETTLE_SECONDS, TRANSFORMERS, add_isa_and_out, default_threads, interleaved, minillm,
-                    random_prompt, ratios, save_result, start_workers)
+                    random_prompt, ratios, result_name, save_result, start_workers)
 
 from minillm.model.fetch import cached_model_path, fetch
 
@@ -51,9 +53,9 @@ def make_workload(n: int, input_len: tuple[int, int], output_len: tuple[int, int
              int(rng.integers(output_len[0], output_len[1] + 1))) for _ in range(n)]
 
 
-def runs(workload, serial, curve) -> dict[str, tuple[str, dict, bool]]:
+def runs(workload, serial, curve, minillm_worker: str) -> dict[str, tuple[str, dict, bool]]:
     """Each measured run: name -> (worker, run_workload's arguments, batched)."""
-    table = {f"minillm max_num_seqs {m}": ("minillm fp32", {"workload": serial if m == 1 else workload, "max_num_seqs": m},
+    table = {f"minillm max_num_seqs {m}": (minillm_worker, {"workload": serial if m == 1 else workload, "max_num_seqs": m},
                                            m > 1) for m in curve}
     table["transformers"] = ("transformers", {"workload": workload}, True)
     table["llama.cpp"] = ("llama.cpp", {"workload": serial}, False)
@@ -68,6 +70,8 @@ def main():
     parser.add_argument("--output-len", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"))
     parser.add_argument("--serial-requests", type=int, default=8, help="requests the batch-1 contenders run")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every run (medians reported)")
+    parser.add_argument("--activations", choices=["fp32", "int8"], default="fp32",
+                        help="minillm's activation mode; int8 results go to throughput_int8.json")
     add_isa_and_out(parser, "throughput")
     args = parser.parse_args()
     if args.quick:
@@ -78,12 +82,14 @@ def main():
     serial = workload[:args.serial_requests]
     print(f"{len(workload)} requests, prompts {args.input_len[0]}-{args.input_len[1]} tokens, outputs "
           f"{args.output_len[0]}-{args.output_len[1]} tokens ({sum(n for _, n in workload)} to generate); "
-          f"serial contenders: the first {len(serial)}; {threads} threads; {args.isa} code; {args.repeats} repeats")
+          f"serial contenders: the first {len(serial)}; {threads} threads; {args.isa} code; minillm {args.activations}; "
+          f"{args.repeats} repeats")
 
-    workers = {w.name: w for w in start_workers([minillm(), TRANSFORMERS, LLAMA_CPP], args.isa, threads)}
-    if "minillm fp32" not in workers:
+    contender = minillm(args.activations)
+    workers = {w.name: w for w in start_workers([contender, TRANSFORMERS, LLAMA_CPP], args.isa, threads)}
+    if contender.name not in workers:
         raise SystemExit("minillm is needed: see the message above")
-    table = {name: run for name, run in runs(workload, serial, curve).items() if run[0] in workers}
+    table = {name: run for name, run in runs(workload, serial, curve, contender.name).items() if run[0] in workers}
     warmup = make_workload(2, (8, 8), (2, 2))
     for name, worker in workers.items():  # compile every kernel, wake the thread pools
         worker.call("run_workload", workload=warmup, **({"max_num_seqs": 2} if name.startswith("minillm") else {}))
@@ -117,6 +123,7 @@ def main():
               "llama.cpp": "llama.cpp"}
     engines = {label: summary(name) for label, name in labels.items() if name in table}
     results = {"quick": args.quick, "model": (cached_model_path() or fetch()).name, "isa": args.isa,
+               "activations": args.activations,
                "threads": threads, "seed": SEED, "repeats": args.repeats, "num_requests": len(workload),
                "input_len": args.input_len, "output_len": args.output_len, "serial_requests": len(serial),
                "engines": engines,
@@ -124,7 +131,7 @@ def main():
     for name, ratio in ratios({n: e["tokens_per_s"] for n, e in engines.items()}, "minillm").items():
         results[f"ratio_minillm_over_{name.replace(' ', '_')}"] = ratio
         print(f"minillm (max_num_seqs {curve[-1]}) / {name}: {ratio:.2f}x")
-    save_result("throughput", results, args.out)
+    save_result(result_name("throughput", activations=args.activations), results, args.out)
 
 
 if __name__ == "__main__":
