@@ -53,6 +53,15 @@ def make_workload(n: int, input_len: tuple[int, int], output_len: tuple[int, int
              int(rng.integers(output_len[0], output_len[1] + 1))) for _ in range(n)]
 
 
+def warmups(largest_batch: int) -> list[tuple[int, list[tuple[list[int], int]]]]:
+    """(max_num_seqs, workload) runs that meet every kernel the timed runs meet before they are timed:
+    8 requests ending one step apart (decode batches of 8, 7, ..., 1 rows: the fused decode step
+    compiles a kernel per row count, seconds each the first time), then one batch of the largest size."""
+    rng = np.random.default_rng(SEED + 1)
+    staggered = [(random_prompt(rng, 8), n) for n in range(2, 10)]
+    return [(8, staggered), (largest_batch, make_workload(largest_batch, (8, 8), (2, 2)))]
+
+
 def runs(workload, serial, curve, minillm_worker: str) -> dict[str, tuple[str, dict, bool]]:
     """Each measured run: name -> (worker, run_workload's arguments, batched)."""
     table = {f"minillm max_num_seqs {m}": (minillm_worker, {"workload": serial if m == 1 else workload, "max_num_seqs": m},
@@ -90,9 +99,12 @@ def main():
     if contender.name not in workers:
         raise SystemExit("minillm is needed: see the message above")
     table = {name: run for name, run in runs(workload, serial, curve, contender.name).items() if run[0] in workers}
-    warmup = make_workload(2, (8, 8), (2, 2))
     for name, worker in workers.items():  # compile every kernel, wake the thread pools
-        worker.call("run_workload", workload=warmup, **({"max_num_seqs": 2} if name.startswith("minillm") else {}))
+        if name.startswith("minillm"):
+            for batch, requests in warmups(curve[-1]):
+                worker.call("run_workload", workload=requests, max_num_seqs=batch)
+        else:
+            worker.call("run_workload", workload=make_workload(2, (8, 8), (2, 2)))
 
     seconds = {name: [] for name in table}
     for repeat, name in interleaved(list(table), args.repeats):
