@@ -14,8 +14,8 @@
 # decode_xeon.json): the chapters pick the file of the learner's microarchitecture.
 #
 # Wall time on the 2-core Xeon, quiet (estimates): decode, both code paths, ~8 min; decode --profile,
-# both code paths, ~2 min; quant_quality ~1 min; quant_matvec, on all cores and on one, ~10 min; kernels_cpu ~8 min; throughput ~40 min (transformers'
-# padded batch of 64 requests takes ~8 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
+# both code paths, ~2 min; quant_quality ~1 min; quant_matvec, on all cores and on one, ~10 min; kernels_cpu ~8 min; throughput ~10 min a mode, fp32 and int8 (transformers'
+# padded batch of 64 requests takes ~1.5 min a repeat, 3 repeats); prefix_cache ~3 min; serving ~15 min;
 # speculative ~10 min, its --crossover run ~1 min (both again in int8 mode); structured ~10 min, its --coverage run ~4 min (25 schemas, measured on a 2-core Zen 5); scale_out ~10 min; soak 10 min; abuse ~5 min; regression (against
 # REGRESSION_BASELINE), both modes and code paths, ~24 min. The llama.cpp peers must be built
 # first (~9 minutes each): `make bench-peers` and `benchmarks/build_peers.sh avx2`.
@@ -41,7 +41,7 @@ for bench in $WHICH; do
         quant_quality) $PY benchmarks/quant_quality.py --out "$OUT" ;;
         quant_matvec) $PY benchmarks/quant_matvec.py --out "$OUT" && NUMBA_NUM_THREADS=1 $PY benchmarks/quant_matvec.py --out "$OUT" ;;
         kernels_cpu) $PY benchmarks/kernels_cpu.py --out "$OUT" ;;
-        throughput) $PY benchmarks/throughput.py --out "$OUT" ;;
+        throughput) $PY benchmarks/throughput.py --out "$OUT" && $PY benchmarks/throughput.py --activations int8 --out "$OUT" ;;
         prefix_cache) $PY benchmarks/prefix_cache.py && into_out prefix_cache ;;
         serving) $PY benchmarks/serving.py && into_out serving ;;
         # the crossover weighs verify against plain forwards with the acceptance the first run measured;

@@ -28,7 +28,7 @@ the throughput-vs-batch curve 1, 4, 16, 64. Every run is repeated (``--repeats``
 interleaved (minillm's curve, transformers, llama.cpp, then again), medians reported with every
 repeat. Results: benchmarks/results/throughput.json (throughput_int8.json for ``--activations int8``:
 minillm's contenders in int8 mode, whose batched decode past 8 streams runs the integer kernel), with the ratios minillm / each peer (> 1: minillm
-is faster). The full run takes ~40 minutes on 2 cores, transformers' padded batch ~8 of them a repeat.
+is faster). The int8 run took 10 minutes on the 2-core Xeon VM, transformers' padded batch ~1.5 of them a repeat.
 """
 from __future__ import annotations
 

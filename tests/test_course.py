@@ -524,6 +524,7 @@ def test_run_all_fair_makes_every_results_file():
     made = {"profile": {"decode_profile", "decode_profile_avx2", "decode_profile_int8", "decode_profile_avx2_int8"},
             "regression": {"regression", "regression_avx2", "regression_int8", "regression_avx2_int8"},
             "structured": {"structured", "structured_coverage"}, "quant_matvec": {"quant_matvec", "quant_matvec_1thread"},
+            "throughput": {"throughput", "throughput_int8"},
             "speculative": {"speculative", "speculative_crossover", "speculative_int8", "speculative_crossover_int8"}}
     produced = set().union(*(made.get(name, {name}) for name in default))
     produced |= {"gpu_side_by_side", "kernels_cuda"}  # benchmarks/gpu.sh makes these, on a machine with a GPU
