@@ -27,8 +27,9 @@ does not depend on how many requests follow each other). minillm also runs max_n
 the throughput-vs-batch curve 1, 4, 16, 64. Every run is repeated (``--repeats``, 3 by default),
 interleaved (minillm's curve, transformers, llama.cpp, then again), medians reported with every
 repeat. Results: benchmarks/results/throughput.json (throughput_int8.json for ``--activations int8``:
-minillm's contenders in int8 mode, whose batched decode past 8 streams runs the integer kernel), with the ratios minillm / each peer (> 1: minillm
-is faster). The int8 run took 10 minutes on the 2-core Xeon VM, transformers' padded batch ~1.5 of them a repeat.
+minillm's contenders in int8 mode, whose batched decode past 8 streams runs the integer kernel),
+with the ratios minillm / each peer (> 1: minillm is faster). The int8 run took 10 minutes on the
+2-core Xeon VM, transformers' padded batch ~1.5 of them a repeat.
 """
 from __future__ import annotations
 

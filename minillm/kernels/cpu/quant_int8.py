@@ -53,7 +53,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import literally, njit, prange, types
+from numba import literal_unroll, literally, njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
@@ -368,6 +368,7 @@ def _kernel(qtype_code: int, rows_per_group: int, tokens: int, isa: int):
 # Many rows of x: a prefill, a decode batch of more than 8 streams, a verify of several sequences
 
 X_TILE = 8  # rows of x per call of the T-row kernel below: the largest T qlinear sends to matvec_rows
+ROW_PIECES = (X_TILE, 4, 2, 1)  # whole tiles, then the rest: each size at most once after the tiles
 
 
 # Not cached on disk, as matvec_rows_into; ``_matmul_kernel`` is.
@@ -383,24 +384,23 @@ def matmul_rows_into(quants, scales, mins, x, out, qtype_code, rows_per_group, i
     literally(rows_per_group)
     literally(isa)
     x_codes, x_scales, x_sums = quantize_activations_parallel(x)  # (T, cols), (T, blocks), (T, blocks)
-    T = x.shape[0]
     for g in prange(out.shape[1] // rows_per_group):
-        t = 0
-        while t + X_TILE <= T:
-            _group_dot(quants, scales, mins, x_codes[t:t + X_TILE], x_scales[t:t + X_TILE], x_sums[t:t + X_TILE], g,
-                       out[t:t + X_TILE], qtype_code, rows_per_group, X_TILE, isa)
-            t += X_TILE
-        if T - t >= 4:
-            _group_dot(quants, scales, mins, x_codes[t:t + 4], x_scales[t:t + 4], x_sums[t:t + 4], g, out[t:t + 4],
-                       qtype_code, rows_per_group, 4, isa)
-            t += 4
-        if T - t >= 2:
-            _group_dot(quants, scales, mins, x_codes[t:t + 2], x_scales[t:t + 2], x_sums[t:t + 2], g, out[t:t + 2],
-                       qtype_code, rows_per_group, 2, isa)
-            t += 2
-        if T - t == 1:
-            _group_dot(quants, scales, mins, x_codes[t:t + 1], x_scales[t:t + 1], x_sums[t:t + 1], g, out[t:t + 1],
-                       qtype_code, rows_per_group, 1, isa)
+        _group_rows(quants, scales, mins, x_codes, x_scales, x_sums, g, out, qtype_code, rows_per_group, isa)
+
+
+@njit
+def _group_rows(quants, scales, mins, x_codes, x_scales, x_sums, g, out, qtype_code, rows_per_group, isa):
+    """Group g against every row of x: whole tiles of X_TILE rows, then the rest in pieces (a loop of
+    its own: literal_unroll inside a prange body stops it running in parallel)."""
+    literally(qtype_code)
+    literally(rows_per_group)
+    literally(isa)
+    t = 0
+    for size in literal_unroll(ROW_PIECES):  # a compile-time constant in each copy of the body
+        while t + size <= x_codes.shape[0]:
+            _group_dot(quants, scales, mins, x_codes[t:t + size], x_scales[t:t + size], x_sums[t:t + size], g,
+                       out[t:t + size], qtype_code, rows_per_group, size, isa)
+            t += size
 
 
 @functools.cache
