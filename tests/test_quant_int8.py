@@ -156,16 +156,6 @@ def test_int8_matmul_rows_are_the_one_row_kernel(isa, qtype, rows, cols):
         np.testing.assert_array_equal(y, one_row[:T], err_msg=f"T = {T}")
 
 
-def test_rows_per_pass_keeps_the_sums_in_registers_and_divides_the_group():
-    for isa, budget in ((quant_int8.AVX512_VNNI, 8), (quant_int8.AVX2, 4)):
-        per_vector = quant_int8.rows_per_vector(isa)
-        for R in (4, 8):
-            for T in ROWS_T:
-                rows = quant_int8.rows_per_pass(R, T, isa)
-                assert R % rows == 0 and rows % per_vector == 0
-                assert rows == per_vector or (rows // per_vector) * T <= budget
-
-
 def test_qlinear_sends_int8_rows_to_one_kernel_call(monkeypatch):
     """The dispatch: T <= 8 rows on an int8 matrix are one matvec_rows call, not T matvec calls; more
     rows one matmul_rows call (integer dot products at any T, not the fp32 qmatmul)."""

@@ -22,7 +22,7 @@ from minillm.kernels.cpu.quant_repack import repack
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("layout", ["GGUF", "fp32", "int8"])  # int8: 4-bit codes in 4-byte chunks
+@pytest.mark.parametrize("layout", ["GGUF", "fp32", "int8"])  # int8: codes in 4-byte chunks
 @pytest.mark.parametrize("rows", [7, 100, quant.TILE_ROWS * 3])
 def test_the_identity_gives_the_decoded_weights_bit_for_bit(qtype, layout, rows):
     qm = realistic_qmatrix(qtype, rows, 64 * 3, seed=rows)

@@ -1,7 +1,7 @@
 """Repacked weights (cpu/quant_repack.py) and the exact-mode SIMD matvec (cpu/quant_fp32.py) against the oracle.
 
 - the layout: every code, scale and minimum lands where the module docstring says (rows as exact
-  mode reads them, and int8 mode's 4-byte chunks of 4-bit codes), compared with the `gguf`
+  mode reads them, and int8 mode's 4-byte chunks, Q8_0's as q + 128), compared with the `gguf`
   package's dequantization (w = d q + m for every weight);
 - the kernel: equal to x @ W.T in float64 (W dequantized by gguf) within the fp32 accumulation bound
   of test_quant.py, on every shape class: 1 row, rows that are not a multiple of the interleave R,
@@ -33,9 +33,13 @@ def test_repack_puts_every_code_scale_and_minimum_in_place(qtype, activations, r
     w = repack(qm, activations, rows_per_group)
     groups, n_blocks, R = w.groups, cols // 32, rows_per_group
     assert isinstance(w, QMatrix) and w.shape == qm.shape and w.data is qm.data
-    assert w.chunked == (activations == "int8" and qtype != "Q8_0")
+    assert w.chunked == (activations == "int8")
     if w.chunked:  # (groups, blocks, chunk k, R, byte i) holds code byte 4k + i of each row's block
-        codes = w.quants.reshape(groups, n_blocks, 4, R, 4).transpose(0, 1, 3, 2, 4).reshape(groups, n_blocks, R, 16)
+        n_chunks = CODE_BYTES[qtype] // 4
+        codes = w.quants.reshape(groups, n_blocks, n_chunks, R, 4).transpose(0, 1, 3, 2, 4).reshape(
+            groups, n_blocks, R, CODE_BYTES[qtype])
+        if qtype == "Q8_0":  # stored as q + 128 (unsigned bytes for vpdpbusd)
+            codes = codes ^ np.uint8(0x80)
     else:
         codes = w.quants.reshape(groups, n_blocks, R, CODE_BYTES[qtype])
     half = w.chunked and HALF_SCALES  # scales and minimums as fp16 bits

@@ -121,7 +121,7 @@ def stack_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
 
     def decoder_layers(x, attn_norms, qkv_qs, qkv_ss, qkv_ms, wo_qs, wo_ss, wo_ms, mlp_norms, gate_up_qs, gate_up_ss,
                        gate_up_ms, down_qs, down_ss, down_ms, q_norms, k_norms, first_layer, k_caches, v_caches,
-                       n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, decode, block_tables,
+                       n_heads, ffn, eps, positions, cos, sin, half_style, slot_mapping, by_rows, block_tables,
                        query_seq, query_keys, n_chunks, query_starts, context_lens, job_seq, job_t0, scale, out):
         """out (T, D) = x (T, D) through layers first_layer, first_layer + 1, ..., as
         layers.decoder_layer computes each; writes their K/V. The weights come one typed List per
@@ -161,7 +161,7 @@ def stack_kernel(tokens: int, codes: tuple[int, int, int, int], rows_per_group: 
             scatter_rows(v_cache.reshape(n_slots, n_kv_heads * head_dim), v_rows, slot_mapping)
             q = np.ascontiguousarray(qk[:, :n_heads])                                          # (T, H, Dh)
             attended = np.empty_like(q)                                                        # (T, H, Dh)
-            if decode:
+            if by_rows:
                 paged_attention_kernel(q, k_cache, v_cache, block_tables, query_seq, query_keys, n_chunks, scale,
                                        attended, group, attended_dim)
             else:
@@ -251,8 +251,11 @@ class DecodeStep:
         if k_caches.ndim != 5 or k_caches.shape[0] < num_layers:
             raise ValueError(f"the KV cache {k_caches.shape} does not hold (n_layers >= {num_layers}, num_blocks, "
                              f"block_size, Hkv, Dh) arrays")
-        self.decode = bool((meta.query_lens == 1).all())  # as PagedKVCache.attend chooses its kernel
-        if self.decode:
+        # the attention kernel as the per-op path chooses it: PagedKVCache.attend's decode kernel for
+        # one query a sequence, paged_attention_prefill's rows for a few (a verify), else its tiles
+        decode = bool((meta.query_lens == 1).all())
+        self.by_rows = decode or paged_attention.attends_by_rows(meta.query_lens)
+        if decode:
             query_keys = meta.context_lens + 1  # (B,) keys each query sees, its own included
             num_blocks, block_size = k_caches.shape[1], k_caches.shape[2]
             shape = (tokens, dims, rope_style, k_caches.shape, v_caches.shape, k_caches.dtype, v_caches.dtype,
@@ -265,23 +268,25 @@ class DecodeStep:
             if shape not in DECODE_SHAPES_CHECKED or not shapes.decode_values_fit(
                     meta.slot_mapping, num_blocks * block_size, meta.positions, len(cos), meta.block_tables,
                     query_keys, block_size, num_blocks):
-                self._check_as_the_wrappers_do(meta, k_caches, v_caches, cos, sin, rope_style, dims)
+                self._check_as_the_wrappers_do(meta, k_caches, v_caches, cos, sin, rope_style, dims, decode)
                 DECODE_SHAPES_CHECKED.add(shape)
             tables, query_seq = meta.block_tables, np.arange(tokens)
-            n_chunks, jobs = key_chunks(tokens, n_kv_heads, query_keys), (np.empty(0, np.int64),) * 2
         else:
             tables, query_seq, query_keys = self._check_as_the_wrappers_do(meta, k_caches, v_caches, cos, sin,
-                                                                           rope_style, dims)
+                                                                           rope_style, dims, decode)
+        if self.by_rows:
+            n_chunks, jobs = key_chunks(tokens, n_kv_heads, query_keys), (np.empty(0, np.int64),) * 2
+        else:
             n_chunks, jobs = 1, prefill_jobs(meta.query_starts, meta.context_lens)
         self.tokens, self.k_caches, self.v_caches = tokens, k_caches, v_caches
         self.head_shape = (n_heads // n_kv_heads, head_dim)
         # the batch's part of every layer's arguments, in decoder_layer's order
         self.batch = (n_heads, ffn, np.float32(eps), meta.positions, cos, sin, rope_style == "half",
-                      meta.slot_mapping, self.decode, np.ascontiguousarray(tables, dtype=np.int32),
+                      meta.slot_mapping, self.by_rows, np.ascontiguousarray(tables, dtype=np.int32),
                       query_seq.astype(np.int64, copy=False), query_keys.astype(np.int64, copy=False), n_chunks,
                       meta.query_starts, meta.context_lens, *jobs, np.float32(1 / math.sqrt(head_dim)))
 
-    def _check_as_the_wrappers_do(self, meta, k_caches, v_caches, cos, sin, rope_style, dims):
+    def _check_as_the_wrappers_do(self, meta, k_caches, v_caches, cos, sin, rope_style, dims, decode: bool):
         """What write_kv, rope and the paged attention wrapper check, on stand-ins of the shapes the
         layers pass them -> the attention kernel's (block_tables, query_seq, query_keys)."""
         _, n_heads, n_kv_heads, head_dim, _ = dims
@@ -292,7 +297,7 @@ class DecodeStep:
         shapes.check_contiguous_cache(k_caches, v_caches)
         shapes.check_rope(np.empty((tokens, n_heads + n_kv_heads, head_dim), dtype=np.float32), meta.positions,
                           cos, sin, rope_style)
-        if self.decode:
+        if decode:
             return shapes.paged_decode_rows(q_probe, k_caches[0], v_caches[0], meta.block_tables,
                                             meta.context_lens + 1)
         return shapes.paged_prefill_rows(q_probe, k_caches[0], v_caches[0], meta.block_tables, meta.query_starts,

@@ -275,13 +275,16 @@ def _qmatmul(code, data, quants, scales, mins, rows_per_group, layout, x_panels,
                     _decode_row(code, data[first + i], tile[i])
             else:  # whole groups (a group's rows past W are zero blocks); the code layout a constant
                 groups = tile[:-(-n // rows_per_group) * rows_per_group]
-                # layouts 0, 1, 2: quant_fp32.Q8_0_CODE, quant_fp32.Q4_CODE, quant_matmul.Q4_CHUNKED
+                # layouts 0, 1, 2, 3: quant_fp32.Q8_0_CODE, quant_fp32.Q4_CODE, quant_matmul.Q4_CHUNKED,
+                # quant_matmul.Q8_0_CHUNKED
                 if layout == 0:
                     decode_repacked_rows(quants, scales, mins, 0, rows_per_group, first // rows_per_group, groups)
                 elif layout == 1:
                     decode_repacked_rows(quants, scales, mins, 1, rows_per_group, first // rows_per_group, groups)
-                else:
+                elif layout == 2:
                     decode_repacked_rows(quants, scales, mins, 2, rows_per_group, first // rows_per_group, groups)
+                else:
+                    decode_repacked_rows(quants, scales, mins, 3, rows_per_group, first // rows_per_group, groups)
             for p in range(n_panels):
                 for k0 in range(0, cols, K_CHUNK):
                     k1 = min(k0 + K_CHUNK, cols)

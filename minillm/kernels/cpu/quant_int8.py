@@ -8,16 +8,24 @@ s_x = d_x * sum q_x). A weight block then costs one integer dot product:
 
 sum_j q_rj q_xj is exact in int32. On x86 it takes integer multiply-adds of bytes: ``vpmaddubsw``
 multiplies unsigned weight codes by signed activation codes and adds neighbours into int16 (at most
-2 * 15 * 127, or 2 * 128 * 127 for Q8_0: no saturation), ``vpmaddwd`` against ones adds those into
-int32 lanes, 4 products each; VNNI fuses both into ``vpdpbusd``. Which 4 products meet in a lane is
-the layout's choice. 4-bit codes come in 4-byte chunks of 16 rows (8 on AVX2; cpu/quant_repack.py):
-one instruction takes 4 weights of each row against the same 4 activation codes, broadcast to
-every lane, and after a block's 8 chunks lane r holds row r's whole integer sum - one conversion
-and two FMAs per block and 16 rows, no shuffles, no horizontal sums. Q8_0 (the LM head) keeps
-exact mode's rows: a block of a row fills 8 lanes (two rows to a 512-bit vector), summed across
-lanes at the end; its weights are signed, so the kernel multiplies |w| by x with w's sign (the
-"sign trick"). Targets without these instructions (Arm, SSE) get the same arithmetic as generic
-vector IR - widen, multiply, add.
+2 * 15 * 127: no saturation), ``vpmaddwd`` against ones adds those into int32 lanes, 4 products
+each; VNNI fuses both into ``vpdpbusd``. Which 4 products meet in a lane is the layout's choice:
+codes come in 4-byte chunks of 16 rows (8 on AVX2; cpu/quant_repack.py), so one instruction takes
+4 weights of each row against the same 4 activation codes, broadcast to every lane, and after a
+block's 8 chunks lane r holds row r's whole integer sum - one conversion and two FMAs per block and
+16 rows, no shuffles, no horizontal sums. Q8_0's signed codes (the LM head) are stored as q + 128,
+so that ``vpdpbusd`` takes them as they are and the minimum is -128 d (as Q4_0's -8 d). Through
+``vpmaddubsw`` a pair of 255 x 127 would saturate int16, so AVX2 (and AVX-512 without VNNI) code
+multiplies |q| by x with q's sign instead (the "sign trick": pairs of at most 2 * 128 * 127).
+Targets without these instructions (Arm, SSE) get the same arithmetic as generic vector IR -
+widen, multiply, add.
+
+The LM head's Q8_0 rows lay in exact mode's row order before (a block of a row filled 8 lanes, two
+rows to a 512-bit vector, the sign trick on every ISA, a horizontal sum a row). Measured (2-core
+Xeon VM, 2 threads, the SmolLM2 LM head 49152 x 576, medians of 40 calls, old and new alternated
+in separate processes): T = 1 / 2 / 4 / 8 rows 568 / 807 / 1384 / 2335 -> 541 / 545 / 548 / 600 us
+with AVX-512 VNNI code (the weights' 30 MB from memory bound it now up to T = 8); with AVX2 code
+(NUMBA_CPU_NAME=haswell) 612 / 1023 / 1863 / 3435 -> 544 / 579 / 998 / 2012 us.
 The only rounding is the activations' (and fp32 sums, as in exact mode): the quality cost is
 measured against exact mode, not assumed (model/quality.py; chapter 04 prints it).
 
@@ -73,24 +81,6 @@ def target_isa() -> int:
     if target.isa == "avx512":
         return AVX512_VNNI if target.vnni else AVX512
     return AVX2 if target.isa == "avx2" else GENERIC
-
-
-def rows_per_vector(isa: int) -> int:
-    """Q8_0 weight rows that share one vector of 16 int32 lanes: two on AVX-512, one (8 lanes) elsewhere."""
-    return 2 if isa in (AVX512, AVX512_VNNI) else 1
-
-
-def rows_per_pass(R: int, T: int, isa: int) -> int:
-    """Q8_0 rows of a group handled per pass over the blocks when x has T rows. Each (row vector, row of
-    x) pair keeps one running sum in a register: 16 of the 32 zmm registers on AVX-512, 8 of the 16
-    ymm on AVX2, beside the T activation blocks and the unpacked codes. At T = 1 a pass is the
-    whole group. A pass re-reads only the activations (from L1): every weight is still read once."""
-    per_vector = rows_per_vector(isa)
-    budget = 8 if per_vector == 2 else 4
-    rows = R
-    while rows // 2 >= per_vector and (rows // 2) % per_vector == 0 and (rows // per_vector) * T > budget:
-        rows //= 2
-    return rows
 
 
 # -----------------------------------------------------------------------------------------------
@@ -194,14 +184,37 @@ def chunk_lanes(isa: int) -> int:
     return 16 if isa in (AVX512, AVX512_VNNI) else 8
 
 
-def _chunked_codegen(R: int, T: int, isa: int):
-    """4-bit codes in the chunked layout. Per block and vector of rows: 4 loads of codes, each
-    masked and shifted into two chunks (weights 4k.., 16 + 4k..) that meet the matching 4
-    activation codes broadcast to every lane; lane r sums row r's block in int32, then one
+def _chunked_codegen(R: int, T: int, isa: int, code_bytes: int):
+    """Codes in the chunked layout (cpu/quant_repack.py), 16 bytes a row and block for 4-bit codes,
+    32 for Q8_0's. Per block and vector of rows, 8 chunks of 4 codes of every row meet the matching
+    4 activation codes broadcast to every lane; lane r sums row r's block in int32, then one
     conversion and two FMAs (d_r d_x, then the minimum's m_r s_x) add it to the row's sum; d and m
-    widened from fp16 where the repacked matrix keeps them so."""
+    widened from fp16 where the repacked matrix keeps them so.
+
+    4-bit codes: 4 loads a block, each masked and shifted into two chunks (weights 4k.., 16 + 4k..).
+    Q8_0: 8 loads of codes stored as q + 128 (unsigned, as ``vpdpbusd`` takes them), so the sum is
+    sum (q + 128) x = sum q x + 128 sum x and the minimum is m_r = -128 d_r (as Q4_0's -8 d_r). Where
+    the products go through ``vpmaddubsw`` (AVX2, AVX-512 without VNNI) a pair of 255 x 127 would
+    saturate int16: those take sum q x itself, by the sign trick - |q| times x with q's sign, pairs of
+    at most 2 x 128 x 127 - widened to int32 every chunk, and no minimum."""
     lanes = chunk_lanes(isa)
     pairs_in_int16 = isa in (AVX2, AVX512)
+    q8 = code_bytes == 32
+    offset_codes = q8 and not pairs_in_int16  # Q8_0 as q + 128, with the minimum -128 d
+
+    def chunks(builder, q_ptr, first, v):
+        """The block's 8 chunks (<4 lanes x i8>) of vector v's rows, with the activation offset of each."""
+        block = builder.mul(first, L.index(code_bytes))
+        chunk = L.vector(L.I8, 4 * lanes)
+        if q8:  # [g, b, k, r, i]: byte 4k + i of row r, k = 0..7
+            return [(L.load(builder, q_ptr, builder.add(block, L.index(4 * (k * R + v * lanes))), chunk), 4 * k)
+                    for k in range(8)]
+        out = []
+        for k in range(4):  # [g, b, k, r, i]: code byte 4k + i, weights 4k + i (low) and 16 + 4k + i (high)
+            nibbles = L.load(builder, q_ptr, builder.add(block, L.index(4 * (k * R + v * lanes))), chunk)
+            out += [(builder.and_(nibbles, L.constant_vector(L.I8, [15] * (4 * lanes))), 4 * k),
+                    (builder.lshr(nibbles, L.constant_vector(L.I8, [4] * (4 * lanes))), 16 + 4 * k)]
+        return out
 
     def codegen(context, builder, sig, args):
         q_ptr, d_ptr, m_ptr, xq_ptr, xd_ptr, xs_ptr = (L.array_data(context, builder, sig.args[i], args[i])
@@ -212,110 +225,61 @@ def _chunked_codegen(R: int, T: int, isa: int):
         n_blocks = L.array_shape(context, builder, sig.args[4], args[4], 1)
         cols = builder.mul(n_blocks, L.index(32))
         padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
-        vf, chunk = L.vector(L.F32, lanes), L.vector(L.I8, 4 * lanes)
+        vf = L.vector(L.F32, lanes)
         acc = {(v, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
                for v in range(R // lanes) for t in range(T)}  # (lanes,) per vector of rows and row of x
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
-            first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
-            prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(16)), R * 16)
+            first = builder.add(builder.mul(g, n_blocks), b)
+            first = builder.mul(first, L.index(R))  # (group, block, row 0)
+            prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
             x_block = [builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))) for t in range(T)]
             at_t = [builder.add(builder.mul(L.index(t), n_blocks), b) for t in range(T)]
             d_x = [L.splat(builder, builder.load(builder.gep(xd_ptr, [at])), lanes) for at in at_t]
-            s_x = [L.splat(builder, builder.load(builder.gep(xs_ptr, [at])), lanes) for at in at_t]
+            if q8 and not offset_codes:
+                s_x = []  # no minimum
+            else:
+                s_x = [L.splat(builder, builder.load(builder.gep(xs_ptr, [at])), lanes) for at in at_t]
             for v in range(R // lanes):
-                # a block's sums: int32 lanes, or int16 pairs where vpmaddubsw makes them (8 products of
-                # pairs, each at most 2 * 15 * 127, add up to 30480 < 2^15: one widening a block, not 8)
-                sums = ([L.constant_vector(L.I16, [0] * (2 * lanes)) for _ in range(T)] if pairs_in_int16
+                # a block's sums: int32 lanes, or int16 pairs where vpmaddubsw makes them from 4-bit
+                # codes (8 products of pairs, each at most 2 * 15 * 127, add up to 30480 < 2^15: one
+                # widening a block, not 8); Q8_0's pairs (up to 32512) are widened chunk by chunk
+                int16_block = pairs_in_int16 and not q8
+                sums = ([L.constant_vector(L.I16, [0] * (2 * lanes)) for _ in range(T)] if int16_block
                         else [L.constant_vector(L.I32, [0] * lanes) for _ in range(T)])
-                for k in range(4):
-                    at = builder.add(builder.mul(first, L.index(16)), L.index(4 * (k * R + v * lanes)))
-                    nibbles = L.load(builder, q_ptr, at, chunk)  # 4 bytes of each of `lanes` rows
-                    low = builder.and_(nibbles, L.constant_vector(L.I8, [15] * (4 * lanes)))  # weights 4k..
-                    high = builder.lshr(nibbles, L.constant_vector(L.I8, [4] * (4 * lanes)))  # 16 + 4k..
+                for codes, offset in chunks(builder, q_ptr, first, v):
+                    if q8 and pairs_in_int16:  # the sign trick, once for all T rows of x
+                        signed = builder.xor(codes, L.constant_vector(L.I8, [-128] * (4 * lanes)))  # q
+                        negative = builder.icmp_signed("<", signed, L.constant_vector(L.I8, [0] * (4 * lanes)))
+                        codes = builder.select(negative, builder.neg(signed), signed)  # |q| (128 stays 128 as u8)
                     for t in range(T):
-                        for codes, offset in ((low, 4 * k), (high, 16 + 4 * k)):
-                            four = L.load(builder, xq_ptr, builder.add(x_block[t], L.index(offset)), L.I32)
-                            x = builder.bitcast(L.splat(builder, four, lanes), chunk)  # 4 codes, every lane
-                            sums[t] = (builder.add(sums[t], _pair_products(builder, isa, codes, x)) if pairs_in_int16
-                                       else _dot_accumulate(builder, isa, sums[t], codes, x))
-                if pairs_in_int16:
+                        four = L.load(builder, xq_ptr, builder.add(x_block[t], L.index(offset)), L.I32)
+                        x = builder.bitcast(L.splat(builder, four, lanes), codes.type)  # 4 codes, every lane
+                        if q8 and pairs_in_int16:
+                            x = (L.call(builder, "llvm.x86.avx2.psign.b", x.type, x, signed) if isa == AVX2
+                                 else builder.select(negative, builder.neg(x), x))  # x with q's sign
+                            sums[t] = builder.add(sums[t], _widen_pairs(builder, isa, _pair_products(builder, isa,
+                                                                                                     codes, x)))
+                        elif int16_block:
+                            sums[t] = builder.add(sums[t], _pair_products(builder, isa, codes, x))
+                        else:
+                            sums[t] = _dot_accumulate(builder, isa, sums[t], codes, x)
+                if int16_block:
                     sums = [_widen_pairs(builder, isa, pairs) for pairs in sums]  # (lanes,) int32
                 rows = builder.add(first, L.index(v * lanes))
-                d, m = (L.load_scales(builder, p, rows, lanes, half) for p in (d_ptr, m_ptr))  # (lanes,) d_r, m_r
+                d = L.load_scales(builder, d_ptr, rows, lanes, half)  # (lanes,) d_r
+                if q8:
+                    m = builder.fmul(d, L.constant_vector(L.F32, [-128.0] * lanes)) if offset_codes else None
+                else:
+                    m = L.load_scales(builder, m_ptr, rows, lanes, half)  # (lanes,) m_r
                 for t in range(T):
                     total = L.fma(builder, builder.sitofp(sums[t], vf), builder.fmul(d, d_x[t]),
                                   builder.load(acc[v, t]))
-                    builder.store(L.fma(builder, m, s_x[t], total), acc[v, t])
+                    builder.store(total if m is None else L.fma(builder, m, s_x[t], total), acc[v, t])
         for (v, t), total in acc.items():
             at = builder.add(builder.mul(L.index(t), padded_rows), builder.add(builder.mul(g, L.index(R)),
                                                                                L.index(v * lanes)))
             L.store(builder, out_ptr, at, builder.load(total))
-        return context.get_dummy_value()
-
-    return codegen
-
-
-def _q8_0_codegen(R: int, T: int, isa: int):
-    """Q8_0 codes, row by row as exact mode lays them out (32 bytes a row and block; the LM head).
-    The sign trick makes the codes unsigned; on AVX-512 two rows share a vector. Each row's lanes
-    are summed once, at the end."""
-    per_vector = rows_per_vector(isa)
-    lanes = 8 * per_vector
-    per_pass = rows_per_pass(R, T, isa)
-
-    def codegen(context, builder, sig, args):
-        q_ptr, d_ptr, xq_ptr, xd_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in (0, 1, 3, 4))
-        out_ptr = L.array_data(context, builder, sig.args[7], args[7])
-        g = args[6]
-        n_blocks = L.array_shape(context, builder, sig.args[4], args[4], 1)
-        cols = builder.mul(n_blocks, L.index(32))
-        padded_rows = L.array_shape(context, builder, sig.args[7], args[7], 1)
-        vRf, vf = L.vector(L.F32, R), L.vector(L.F32, lanes)
-        bytes_ = L.vector(L.I8, 32 * per_vector)
-        for first_row in range(0, R, per_pass):  # each pass: its rows' accumulators, all of the blocks
-            vectors = [range(v, v + per_vector) for v in range(first_row, first_row + per_pass, per_vector)]
-            acc = {(v, t): L.accumulator(builder, L.constant_vector(L.F32, [0.0] * lanes))
-                   for v in range(len(vectors)) for t in range(T)}
-            with cgutils.for_range(builder, n_blocks) as loop:
-                b = loop.index
-                x, x_negated, d_x = [], [], []  # per row of x: its codes (once per pair of rows on AVX-512)
-                for t in range(T):
-                    codes = L.load(builder, xq_ptr, builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))),
-                                   L.vector(L.I8, 32))                                   # (32,) int8
-                    if per_vector == 2:
-                        codes = L.pick(builder, codes, codes, [*range(32), *range(32)])  # (64,) both rows'
-                    x.append(codes)
-                    if isa != AVX2:
-                        x_negated.append(builder.sub(L.constant_vector(L.I8, [0] * (32 * per_vector)), codes))
-                    at_t = builder.add(builder.mul(L.index(t), n_blocks), b)
-                    d_x.append(L.splat(builder, builder.load(builder.gep(xd_ptr, [at_t])), lanes))
-                first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
-                d = L.load(builder, d_ptr, first, vRf)                                           # (R,) d_r
-                if first_row == 0:  # once a block: later passes re-read the group's codes from the caches
-                    prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(32)), R * 32)
-                for v, rows in enumerate(vectors):
-                    # the sign trick: |w| * (x with w's sign) = w * x
-                    w = L.load(builder, q_ptr, builder.mul(builder.add(first, L.index(rows[0])), L.index(32)), bytes_)
-                    negative = builder.icmp_signed("<", w, L.constant_vector(L.I8, [0] * (32 * per_vector)))
-                    u = builder.select(negative, builder.neg(w), w)  # once for all T rows of x
-                    d_rows = L.pick(builder, d, d, [r for r in rows for _ in range(8)])        # (lanes,)
-                    for t in range(T):
-                        if isa == AVX2:  # vpsignb: x where w > 0, -x where w < 0 (0 where w = 0, as |w| is)
-                            s = L.call(builder, "llvm.x86.avx2.psign.b", L.vector(L.I8, 32), x[t], w)
-                        else:
-                            s = builder.select(negative, x_negated[t], x[t])
-                        dots = _dot_accumulate(builder, isa, L.constant_vector(L.I32, [0] * lanes), u, s)
-                        scale = builder.fmul(d_rows, d_x[t])                                   # (lanes,) d_r d_x
-                        builder.store(L.fma(builder, builder.sitofp(dots, vf), scale, builder.load(acc[v, t])),
-                                      acc[v, t])
-            for t in range(T):
-                out_t = builder.gep(out_ptr, [builder.mul(L.index(t), padded_rows)])
-                for v, rows in enumerate(vectors):
-                    total = builder.load(acc[v, t])
-                    for k, r in enumerate(rows):
-                        row = L.pick(builder, total, total, range(8 * k, 8 * k + 8))  # (8,) this row's lanes
-                        store_row(builder, out_t, g, R, r, row, L.F32(0.0))
         return context.get_dummy_value()
 
     return codegen
@@ -331,7 +295,7 @@ def _group_dot(typingctx, quants, scales, mins, x_codes, x_scales, x_sums, group
     if not all(isinstance(t, types.IntegerLiteral) for t in literal):
         return None
     code, R, T, isa_code = (t.literal_value for t in literal)
-    codegen = (_q8_0_codegen if code == Q8_0_CODE else _chunked_codegen)(R, T, isa_code)
+    codegen = _chunked_codegen(R, T, isa_code, 32 if code == Q8_0_CODE else 16)
     signature = types.void(quants, scales, mins, x_codes, x_scales, x_sums, group, out,
                            qtype_code, rows_per_group, tokens, isa)
     return signature, codegen
@@ -415,11 +379,9 @@ def _matmul_kernel(qtype_code: int, rows_per_group: int, isa: int):
 
 def rows_per_group_problem(w: RepackedMatrix, isa: int) -> str | None:
     """Why the ``isa`` kernel cannot take w's R, or None."""
-    if w.chunked and w.rows_per_group % chunk_lanes(isa):
-        return (f"the {ISA_NAMES[isa]} kernel takes 4-bit rows {chunk_lanes(isa)} to a vector: "
+    if w.rows_per_group % chunk_lanes(isa):
+        return (f"the {ISA_NAMES[isa]} kernel takes rows {chunk_lanes(isa)} to a vector: "
                 f"rows_per_group must be a multiple of {chunk_lanes(isa)}, got {w.rows_per_group}")
-    if not w.chunked and rows_per_vector(isa) == 2 and w.rows_per_group % 2:
-        return f"the {ISA_NAMES[isa]} kernel pairs Q8_0 rows: rows_per_group must be even, got {w.rows_per_group}"
     return None
 
 

@@ -85,23 +85,27 @@ def weight_rows_tile(typingctx, x_panel, tile, out_t, row0, tile_row0, k0, k1, w
     return types.void(x_panel, tile, out_t, row0, tile_row0, k0, k1, weight_rows, lanes), codegen
 
 
-Q4_CHUNKED = 2  # a layout beside quant_fp32's Q8_0_CODE and Q4_CODE: int8 mode's 4-bit codes
+# layouts beside quant_fp32's Q8_0_CODE and Q4_CODE: int8 mode's chunked 4-bit and Q8_0 codes
+Q4_CHUNKED, Q8_0_CHUNKED = 2, 3
 
 
 def repacked_layout(w: RepackedMatrix) -> int:
     """Where decode_repacked_rows finds w's codes: rows as exact mode lays them, or chunked."""
-    return Q4_CHUNKED if w.chunked else QTYPE_CODES[w.qtype]
+    if w.chunked:
+        return Q8_0_CHUNKED if w.qtype == "Q8_0" else Q4_CHUNKED
+    return QTYPE_CODES[w.qtype]
 
 
-def _chunked_row_codes(builder, quants, first, R, row):
-    """Row ``row``'s 16 code bytes of the block whose group starts at element ``first`` (its
-    rows' scales), gathered from the 4 chunks of the chunked layout (cpu/quant_repack.py)."""
-    codes = L.constant_vector(L.I32, [0] * 4)
-    for k in range(4):
-        at = builder.add(builder.mul(first, L.index(16)), builder.mul(builder.add(builder.mul(L.index(k), R), row),
-                                                                      L.index(4)))
+def _chunked_row_codes(builder, quants, first, R, row, code_bytes: int):
+    """Row ``row``'s code bytes (16, or Q8_0's 32) of the block whose group starts at element
+    ``first`` (its rows' scales), gathered from the chunks of the chunked layout (cpu/quant_repack.py)."""
+    n_chunks = code_bytes // 4
+    codes = L.constant_vector(L.I32, [0] * n_chunks)
+    for k in range(n_chunks):
+        at = builder.add(builder.mul(first, L.index(code_bytes)),
+                         builder.mul(builder.add(builder.mul(L.index(k), R), row), L.index(4)))
         codes = builder.insert_element(codes, L.load(builder, quants, at, L.I32), L.index(k))
-    return builder.bitcast(codes, L.vector(L.I8, 16))
+    return builder.bitcast(codes, L.vector(L.I8, code_bytes))
 
 
 @intrinsic
@@ -112,7 +116,8 @@ def decode_repacked_rows(typingctx, quants, scales, mins, layout, rows_per_group
     if not isinstance(layout, types.IntegerLiteral):
         return None
     code = layout.literal_value
-    code_bytes = 32 if code == Q8_0_CODE else 16
+    q8 = code in (Q8_0_CODE, Q8_0_CHUNKED)
+    code_bytes = 32 if q8 else 16
 
     def codegen(context, builder, sig, args):
         q_ptr, d_ptr, m_ptr = (L.array_data(context, builder, sig.args[i], args[i]) for i in range(3))
@@ -131,11 +136,16 @@ def decode_repacked_rows(typingctx, quants, scales, mins, layout, rows_per_group
                     first = builder.mul(builder.add(builder.mul(g, n_blocks), b), R)
                     at = builder.add(first, rows.index)
                     if code == Q4_CHUNKED:
-                        low, high = nibbles_fp32(builder, _chunked_row_codes(builder, q_ptr, first, R, rows.index))
+                        low, high = nibbles_fp32(builder, _chunked_row_codes(builder, q_ptr, first, R, rows.index, 16))
+                    elif code == Q8_0_CHUNKED:  # stored as q + 128: back to q
+                        q = builder.xor(_chunked_row_codes(builder, q_ptr, first, R, rows.index, 32),
+                                        L.constant_vector(L.I8, [-128] * 32))
+                        low, high = (builder.sitofp(L.pick(builder, q, q, range(i, i + 16)), L.vector(L.F32, 16))
+                                     for i in (0, 16))
                     else:
                         low, high = unpack_fp32(builder, q_ptr, builder.mul(at, L.index(code_bytes)), code)
                     d = L.splat(builder, L.load_scales(builder, d_ptr, at, 1, half), 16)  # this row's d and m
-                    m = (L.constant_vector(L.F32, [0.0] * 16) if code == Q8_0_CODE  # Q8_0: no m
+                    m = (L.constant_vector(L.F32, [0.0] * 16) if q8  # Q8_0: no m
                          else L.splat(builder, L.load_scales(builder, m_ptr, at, 1, half), 16))
                     start = builder.add(builder.mul(row, K), builder.mul(b, L.index(32)))
                     for part, codes in enumerate((low, high)):  # weights 0..15, 16..31 of the block

@@ -18,21 +18,24 @@ Rows are padded with zero blocks to a multiple of R; the kernels' padded outputs
 R (``ROWS_PER_GROUP``) follows the target's registers: each row holds one accumulator of 16 fp32
 lanes, which is one AVX-512 register of 32 or two AVX2 registers of 16.
 
-4-bit codes for the int8 kernel (``chunked``) lie otherwise: a block's R rows are interleaved in
-chunks of 4 bytes, so that each 32-bit lane of a vector holds one row's codes:
+Codes for the int8 kernel (``chunked``) lie otherwise: a block's R rows are interleaved in chunks
+of 4 bytes, so that each 32-bit lane of a vector holds one row's codes:
 
     quants  uint8 (groups, blocks, 4, R, 4)     [g, b, k, r, i] = GGUF code byte 4k + i of row r in
                                                 block b: its low nibbles are weights 4k..4k+3, its
                                                 high ones 16 + 4k..16 + 4k + 3
+            uint8 (groups, blocks, 8, R, 4)     Q8_0: [g, b, k, r, i] = q + 128 for weight 4k + i
+                                                (unsigned, as vpdpbusd multiplies them; the kernel
+                                                takes -128 d as the minimum)
 
 One integer dot-product instruction then takes 4 weights of each of 16 (AVX-512) or 8 (AVX2) rows
 against 4 activation codes broadcast to every lane, and a lane ends the block holding its row's
 whole sum: no horizontal sums and no shuffles (what llama.cpp's repacked Q4_0 "8x8" layouts do).
-R is then a multiple of those lanes (``INT8_ROWS_PER_GROUP``, also for the Q8_0 matrices beside
-them, so that one layer's matrices share R). Their scales and minimums stay fp16 (``uint16``
-arrays of the bits, as Numba has no float16 type), so that a block costs the GGUF file's 20
-bytes instead of 24: decode streams the layers from DRAM, and this kernel is fast enough to wait
-on it. One instruction widens 16 of them (where the target has one: ``HALF_SCALES``).
+R is then a multiple of those lanes (``INT8_ROWS_PER_GROUP``). Their scales and minimums stay
+fp16 (``uint16`` arrays of the bits, as Numba has no float16 type), so that a block costs the GGUF
+file's bytes (20 for Q4_1, 34 for Q8_0) instead of 24 or 36: decode streams the layers from DRAM,
+and this kernel is fast enough to wait on it. One instruction widens 16 of them (where the target
+has one: ``HALF_SCALES``).
 
 ``RepackedMatrix`` is a ``QMatrix`` (the GGUF bytes stay, for the reference backend, the
 embedding lookup and the batched kernel) that also carries the repacked arrays and the activation
@@ -78,8 +81,8 @@ class RepackedMatrix(QMatrix):
 
     @property
     def chunked(self) -> bool:
-        """Whether the codes lie in 4-byte chunks of R rows (int8 activations, 4-bit codes)."""
-        return self.activations == "int8" and self.qtype != "Q8_0"
+        """Whether the codes lie in 4-byte chunks of R rows (int8 activations)."""
+        return self.activations == "int8"
 
     @property
     def groups(self) -> int:
@@ -115,7 +118,7 @@ def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int | None = 
         qm = QMatrix(qm.qtype, qm.shape, qm.data)
     if rows_per_group is None:
         rows_per_group = INT8_ROWS_PER_GROUP if activations == "int8" else ROWS_PER_GROUP
-    chunked = activations == "int8" and qm.qtype != "Q8_0"
+    chunked = activations == "int8"
     rows, cols = qm.shape
     n_blocks = cols // BLOCK_SIZE
     padded = -(-rows // rows_per_group) * rows_per_group
@@ -128,8 +131,11 @@ def repack(qm: QMatrix, activations: str = "fp32", rows_per_group: int | None = 
         mins = _group_major(_fp16_field(blocks, 2) if qm.qtype == "Q4_1" else d * np.float32(-8), rows_per_group)
     codes = blocks[:, :, -CODE_BYTES[qm.qtype]:]  # (padded, blocks, code bytes)
     quants, scales = _group_major(codes, rows_per_group), _group_major(d, rows_per_group)  # (groups, blocks, R, ...)
-    if chunked:  # (groups * blocks, R, 4 chunks, 4) -> (groups * blocks, 4 chunks, R, 4)
-        quants = np.ascontiguousarray(quants.reshape(-1, rows_per_group, 4, 4).swapaxes(1, 2)).reshape(-1)
+    if chunked:  # (groups * blocks, R, chunks, 4) -> (groups * blocks, chunks, R, 4)
+        if qm.qtype == "Q8_0":  # q + 128: the unsigned bytes vpdpbusd multiplies (-128 d is the minimum)
+            quants = quants ^ np.uint8(0x80)
+        n_chunks = CODE_BYTES[qm.qtype] // 4
+        quants = np.ascontiguousarray(quants.reshape(-1, rows_per_group, n_chunks, 4).swapaxes(1, 2)).reshape(-1)
         if HALF_SCALES:  # back to the file's fp16 (exact: they came from there; -8 d only moves the exponent)
             scales, mins = (a.astype(np.float16).view(np.uint16) for a in (scales, mins))
     return RepackedMatrix(qm.qtype, qm.shape, qm.data, quants=quants, scales=scales, mins=mins,
