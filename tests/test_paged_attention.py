@@ -123,6 +123,8 @@ PREFILL_CASES = [  # (block_size, n_kv_heads, [(cached context, new tokens), ...
     (1, 6, [(2, 3), (0, 1)]),
     (16, 1, [(16, 1), (15, 2), (0, 33), (40, 7)]),
     (16, 3, [(100, 70), (0, 130), (5, 1)]),  # several query and key tiles of the CPU prefill kernel
+    (16, 3, [(150, 5), (40, 8), (0, 1)]),  # verify-sized spans: the CPU wrapper attends them by rows
+    (16, 1, [(600, 2)]),                   # ... and splits the keys when the rows are too few jobs
 ]
 
 
