@@ -165,7 +165,8 @@ def _dot_accumulate(builder, isa, acc, u, s):
 
 def _pair_products(builder, isa, u, s):
     """``vpmaddubsw`` (AVX2, AVX-512 without VNNI): <2n x i16>, lane k = u[2k] s[2k] + u[2k + 1] s[2k + 1],
-    saturated to int16 (which 4-bit codes never reach: 2 * 15 * 127 = 3810)."""
+    saturated to int16 (which 4-bit codes never reach, 2 * 15 * 127 = 3810, nor the sign trick's
+    |q| <= 128, 2 * 128 * 127 = 32512)."""
     n2 = u.type.count // 2
     name = "llvm.x86.avx512.pmaddubs.w.512" if isa == AVX512 else "llvm.x86.avx2.pmadd.ub.sw"
     return L.call(builder, name, L.vector(L.I16, n2), u, s)
@@ -200,7 +201,11 @@ def _chunked_codegen(R: int, T: int, isa: int, code_bytes: int):
     lanes = chunk_lanes(isa)
     pairs_in_int16 = isa in (AVX2, AVX512)
     q8 = code_bytes == 32
-    offset_codes = q8 and not pairs_in_int16  # Q8_0 as q + 128, with the minimum -128 d
+    sign_trick = q8 and pairs_in_int16  # else Q8_0's sum is of q + 128, with the minimum -128 d
+    # a block's sums: int32 lanes, or int16 pairs where vpmaddubsw makes them from 4-bit codes (8
+    # products of pairs, each at most 2 * 15 * 127, add up to 30480 < 2^15: one widening a block, not
+    # 8); the sign trick's pairs (up to 32512) are widened chunk by chunk
+    int16_block = pairs_in_int16 and not q8
 
     def chunks(builder, q_ptr, first, v):
         """The block's 8 chunks (<4 lanes x i8>) of vector v's rows, with the activation offset of each."""
@@ -230,37 +235,28 @@ def _chunked_codegen(R: int, T: int, isa: int, code_bytes: int):
                for v in range(R // lanes) for t in range(T)}  # (lanes,) per vector of rows and row of x
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
-            first = builder.add(builder.mul(g, n_blocks), b)
-            first = builder.mul(first, L.index(R))  # (group, block, row 0)
+            first = builder.mul(builder.add(builder.mul(g, n_blocks), b), L.index(R))  # (group, block, row 0)
             prefetch_ahead(builder, q_ptr, builder.mul(first, L.index(code_bytes)), R * code_bytes)
             x_block = [builder.add(builder.mul(L.index(t), cols), builder.mul(b, L.index(32))) for t in range(T)]
             at_t = [builder.add(builder.mul(L.index(t), n_blocks), b) for t in range(T)]
             d_x = [L.splat(builder, builder.load(builder.gep(xd_ptr, [at])), lanes) for at in at_t]
-            if q8 and not offset_codes:
-                s_x = []  # no minimum
-            else:
-                s_x = [L.splat(builder, builder.load(builder.gep(xs_ptr, [at])), lanes) for at in at_t]
+            s_x = [] if sign_trick else [L.splat(builder, builder.load(builder.gep(xs_ptr, [at])), lanes)
+                                         for at in at_t]  # no minimum with the sign trick
             for v in range(R // lanes):
-                # a block's sums: int32 lanes, or int16 pairs where vpmaddubsw makes them from 4-bit
-                # codes (8 products of pairs, each at most 2 * 15 * 127, add up to 30480 < 2^15: one
-                # widening a block, not 8); Q8_0's pairs (up to 32512) are widened chunk by chunk
-                int16_block = pairs_in_int16 and not q8
                 sums = ([L.constant_vector(L.I16, [0] * (2 * lanes)) for _ in range(T)] if int16_block
                         else [L.constant_vector(L.I32, [0] * lanes) for _ in range(T)])
                 for codes, offset in chunks(builder, q_ptr, first, v):
-                    if q8 and pairs_in_int16:  # the sign trick, once for all T rows of x
+                    if sign_trick:  # |q| and q's sign, once for all T rows of x
                         signed = builder.xor(codes, L.constant_vector(L.I8, [-128] * (4 * lanes)))  # q
                         negative = builder.icmp_signed("<", signed, L.constant_vector(L.I8, [0] * (4 * lanes)))
                         codes = builder.select(negative, builder.neg(signed), signed)  # |q| (128 stays 128 as u8)
                     for t in range(T):
                         four = L.load(builder, xq_ptr, builder.add(x_block[t], L.index(offset)), L.I32)
                         x = builder.bitcast(L.splat(builder, four, lanes), codes.type)  # 4 codes, every lane
-                        if q8 and pairs_in_int16:
+                        if sign_trick:
                             x = (L.call(builder, "llvm.x86.avx2.psign.b", x.type, x, signed) if isa == AVX2
                                  else builder.select(negative, builder.neg(x), x))  # x with q's sign
-                            sums[t] = builder.add(sums[t], _widen_pairs(builder, isa, _pair_products(builder, isa,
-                                                                                                     codes, x)))
-                        elif int16_block:
+                        if int16_block:
                             sums[t] = builder.add(sums[t], _pair_products(builder, isa, codes, x))
                         else:
                             sums[t] = _dot_accumulate(builder, isa, sums[t], codes, x)
@@ -269,7 +265,7 @@ def _chunked_codegen(R: int, T: int, isa: int, code_bytes: int):
                 rows = builder.add(first, L.index(v * lanes))
                 d = L.load_scales(builder, d_ptr, rows, lanes, half)  # (lanes,) d_r
                 if q8:
-                    m = builder.fmul(d, L.constant_vector(L.F32, [-128.0] * lanes)) if offset_codes else None
+                    m = None if sign_trick else builder.fmul(d, L.constant_vector(L.F32, [-128.0] * lanes))
                 else:
                     m = L.load_scales(builder, m_ptr, rows, lanes, half)  # (lanes,) m_r
                 for t in range(T):
