@@ -43,24 +43,39 @@ class Drafter(Protocol):
 def ngram_propose(token_ids: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
     """Prompt-lookup decoding: the k tokens that followed the latest earlier occurrence of the last n.
 
-    Tries n = max_n first (a longer match is a better predictor), down to min_n. The occurrence
-    searched for must end before the last token (the suffix itself trivially matches), and the
-    latest one wins: nearby text predicts best. Answers that quote their input (summaries,
-    edits, code refactors, RAG) copy long spans, and every copied span is a run of right guesses.
+    The longest n up to max_n that matches wins (a longer match is a better predictor), down to
+    min_n; among occurrences of that length the latest wins: nearby text predicts best. The
+    occurrence must end before the last token (the suffix trivially matches itself). Answers that
+    quote their input (summaries, edits, code refactors, RAG) copy long spans, and every copied
+    span is a run of right guesses.
+
+    The search walks back over the earlier places of the last token, latest first, and counts how
+    many tokens before each also match, stopping at the first full max_n match: a few list
+    operations in C. The engine calls it for every drafting sequence in every step; a NumPy
+    sliding-window comparison for each n took 17-44 us on 100-160-token sequences (and ~120 us
+    inside an engine step, where the weights have pushed the interpreter out of the caches), this
+    ~2 us (2-core Xeon VM).
     """
     if k < 1 or min_n < 1 or max_n < min_n:
         raise ValueError(f"need k >= 1 and 1 <= min_n <= max_n, got k={k}, min_n={min_n}, max_n={max_n}")
-    ids = np.asarray(token_ids, dtype=np.int64)                          # (T,)
-    T = len(ids)
-    for n in range(min(max_n, T - 1), min_n - 1, -1):
-        suffix = ids[T - n:]                                             # (n,)
-        # windows[i] = ids[i:i+n] for every start i whose window ends before the last token
-        windows = np.lib.stride_tricks.sliding_window_view(ids[:T - 1], n)  # (T - n, n)
-        starts = np.flatnonzero((windows == suffix).all(axis=1))         # matching start positions
-        if starts.size:
-            follow = starts[-1] + n                                      # the token after the latest match
-            return ids[follow:follow + k].tolist()
-    return []
+    ids = list(token_ids)
+    back = ids[::-1]                            # back[j]: the token j places before the last
+    best_n, best_end = 0, -1                    # the longest match so far, and where it ends (in back)
+    end = 0
+    while back and best_n < max_n:
+        try:
+            end = back.index(back[0], end + 1)  # the next earlier place of the last token
+        except ValueError:
+            break
+        n = 1
+        while n < max_n and end + n < len(back) and back[end + n] == back[n]:
+            n += 1
+        if n > best_n:                          # ties keep the later occurrence, found first
+            best_n, best_end = n, end
+    if best_n < min_n:
+        return []
+    follow = len(back) - best_end               # the index, in token_ids, of the token after the match
+    return [int(t) for t in ids[follow:follow + k]]
 
 
 class NgramDrafter:

@@ -67,7 +67,7 @@ from numba.core.extending import intrinsic
 
 from minillm.hardware.machine import compile_target
 from minillm.kernels.cpu import quant_llvm as L
-from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, prefetch_ahead, store_row
+from minillm.kernels.cpu.quant_fp32 import Q8_0_CODE, QTYPE_CODES, prefetch_ahead
 from minillm.kernels.cpu.quant_repack import RepackedMatrix
 from minillm.kernels.cpu.variants import compile_variant
 
