@@ -148,7 +148,14 @@ def _head_constants(group, head_dim):
 def _key_scores(typingctx, queries, k_cache, table, kv_head, s0, s1, scores, group, head_dim):
     """scores[g, t - s0] = queries[g] . key t for keys s0..s1-1 of the sequence whose blocks
     ``table`` lists: queries (group, Dh), scores (group, s1 - s0), both C-contiguous float32;
-    k_cache C-contiguous (num_blocks, bs, Hkv, Dh). group, Dh compile-time constants; nothing checked."""
+    k_cache C-contiguous (num_blocks, bs, Hkv, Dh). group, Dh compile-time constants; nothing checked.
+
+    Measured (2-core Xeon VM, one thread, one job of 1000 keys, 3 query heads of 64): the scores
+    5.5 ns a key, the softmax's exps and sums 1.7, the weighted values 3.9 - the horizontal sum
+    of each key and head is most of the first. Summing four keys' partial sums together (two
+    shuffles and an add per pair, the very additions of _tree_sum: bit for bit the same scores)
+    took the scores to 3.7 ns, but the whole kernel on two threads only 3-5% (the keys and values
+    stream from L2 and L3 there), and AVX2 code lost 4-6% (its shuffles cross 128-bit lanes): not kept."""
     constants = _head_constants(group, head_dim)
     if constants is None or k_cache.layout != "C":
         return None

@@ -30,6 +30,19 @@ written here as LLVM vector IR (cpu/quant_llvm.py):
 Measured (one thread, one 48 x 576 tile in cache, T = 64; 2-core Zen 5 VM, AVX-512, best of 5;
 the machine's FMA peak measured the same way, minillm.hardware.microbench.fma_flops: 235 GFLOP/s):
 WR x NT = 12 x 32: 205 GFLOP/s; 8 x 32: 193; 24 x 16: 168.
+
+Where the rest goes, and what did not help (2-core Xeon VM, AVX-512, 2026-12-07; one thread's FMA
+peak 242 GFLOP/s, two threads' 482). The register block reaches 80-83% of one thread's peak with
+its tile in cache; a whole call, 58-66% of two threads' at T = 64-256, because it also decodes the
+tile (~10% of a call at T = 64, 2-5% at T = 256) and writes (T, rows) results (3-8%). Tried, and
+not kept:
+- the tile laid out in blocks of WR rows x 32 k, so that every broadcast sits at a fixed offset from
+  one pointer (no address arithmetic left in the loop): the same speed;
+- 14 x 32 blocks: 3% faster in cache, but a tile must then hold 112 rows (a multiple of 14 and of
+  int8 mode's 16-row groups), which a 576-row matrix shares unevenly between two threads: slower;
+- the k loop unrolled 2 or 4 times in the IR: 2x slower (LLVM spilled the accumulators);
+- the transposition back to (T, rows) through 16 x 16 blocks in vector registers: no faster than
+  the scalar loop, which is bound by the writes of the result (1.5 MB at T = 256), not its loads.
 """
 from __future__ import annotations
 
