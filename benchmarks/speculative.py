@@ -9,8 +9,8 @@ Workloads (chat-templated, greedy):
 - *open-ended*: OPEN, stories and explanations with nothing to copy - where drafts mostly miss and
   the engine must not get slower (it switches speculation off per sequence when acceptance falls).
 
-Contenders, each in a process of its own (benchmarks/common.py), a fresh one every repeat (a
-process can run a little slower than another for its whole life): minillm plain, minillm with
+Contenders, each in a process of its own (benchmarks/common.py), a fresh one every repeat (so that
+whatever slows one process for its whole life weighs on one repeat only): minillm plain, minillm with
 ``{"method": "ngram", "num_speculative_tokens": K}``, and where ``llama_cpp`` imports, llama.cpp
 plain and with its ``LlamaPromptLookupDecoding`` draft model. Each request's rate is its generated
 tokens over its wall time (prefill included, alike for all). "Single stream" runs the prompts one
@@ -254,10 +254,9 @@ def main() -> None:
                 worker.call("run", prompts=prompts, max_tokens=max_tokens, concurrency=concurrency)
         finally:
             worker.close()
-    # Then fresh processes for every repeat: on this VM one process can run the same code 20-30%
-    # slower than another for its whole life (the int8 plain contender at 8 open-ended streams: 518
-    # tok/s in one process, 655-687 alternating with the n-gram engine in another), which a single
-    # process per contender turned into a ratio of 1.28x with almost no drafts.
+    # Then fresh processes for every repeat, so that whatever makes one process slower than another
+    # for its whole life (where its pages lie, which cores its threads get) weighs on one repeat,
+    # not on every repeat of one contender.
     runs: dict[tuple[str, int], dict[str, list]] = {}
     for _ in range(repeats):
         workers = start_workers(contenders(args.activations), "native", args.threads)
