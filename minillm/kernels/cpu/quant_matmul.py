@@ -34,8 +34,8 @@ WR x NT = 12 x 32: 205 GFLOP/s; 8 x 32: 193; 24 x 16: 168.
 Where the rest goes, and what did not help (2-core Xeon VM, AVX-512, 2026-12-07; one thread's FMA
 peak 242 GFLOP/s, two threads' 482). The register block reaches 80-83% of one thread's peak with
 its tile in cache; a whole call, 58-66% of two threads' at T = 64-256, because it also decodes the
-tile (~10% of a call at T = 64, 2-5% at T = 256) and writes (T, rows) results (3-8%). Tried, and
-not kept:
+tiles (10-17% of a call at T = 64, under 3% at T = 256) and writes the (T, rows) result (2-10%),
+on the FFN's matrices, one or two threads. Tried, and not kept:
 - the tile laid out in blocks of WR rows x 32 k, so that every broadcast sits at a fixed offset from
   one pointer (no address arithmetic left in the loop): the same speed;
 - 14 x 32 blocks: 3% faster in cache, but a tile must then hold 112 rows (a multiple of 14 and of
