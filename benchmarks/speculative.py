@@ -248,11 +248,13 @@ def main() -> None:
     # meet into Numba's disk cache - each decode batch size as the sequences finish, each verify's
     # rows (a warm-up of a few short requests missed some: first repeats ran at a third to a half of
     # the others' speed).
-    for worker in start_workers(contenders(args.activations), "native", args.threads):
-        try:
+    workers = start_workers(contenders(args.activations), "native", args.threads)
+    try:
+        for worker in workers:
             for _, prompts, concurrency in cases:
                 worker.call("run", prompts=prompts, max_tokens=max_tokens, concurrency=concurrency)
-        finally:
+    finally:
+        for worker in workers:
             worker.close()
     # Then fresh processes for every repeat, so that whatever makes one process slower than another
     # for its whole life (where its pages lie, which cores its threads get) weighs on one repeat,
