@@ -98,8 +98,13 @@ def test_concurrent_streams_spread_over_the_replicas_and_give_the_one_by_one_gre
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks_on_the_replica(server, model, replicas):
     def running_on_one_replica():  # each replica's snapshot is its latest step's: poll, do not race it
-        wait_until(lambda: sum(s.num_running for s in replica_stats(replicas)) == 1, "one replica runs the stream",
-                   timeout=30)
+        seen = []  # the last poll's (running, waiting, free blocks) on each replica: a timeout says what it saw
+
+        def one_running() -> bool:
+            seen[:] = [(s.num_running, s.num_waiting, s.num_free_blocks) for s in replica_stats(replicas)]
+            return sum(running for running, _, _ in seen) == 1
+        wait_until(one_running, lambda: f"one replica runs the stream (last seen (running, waiting, free blocks) on "
+                                        f"each: {seen}; in flight: {replicas.replicas.in_flight})", timeout=30)
 
     leave_a_long_stream(server.url, model, running_on_one_replica)
     assert_every_replica_idle(replicas)  # closed: the front cancels the Ray call, the replica aborts it

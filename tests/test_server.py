@@ -44,11 +44,12 @@ def server(llm):
         yield server
 
 
-def wait_until(condition, what: str, timeout: float = 300.0) -> None:
-    """Poll the server's state (it changes in the engine thread); the timeout only guards a hang."""
+def wait_until(condition, what: str | Callable[[], str], timeout: float = 300.0) -> None:
+    """Poll the server's state (it changes in the engine thread); the timeout only guards a hang.
+    ``what`` may be a function: its text, asked at the timeout, can say what was seen last."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        assert time.monotonic() < deadline, f"timed out waiting until {what() if callable(what) else what}"
         time.sleep(0.05)
 
 
