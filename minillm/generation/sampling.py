@@ -433,11 +433,12 @@ class Sampler:
     @staticmethod
     def _sample_random(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:
         """_filtered, then draw, compiled in one pass (kernels/cpu/sampling.py: the same tokens)."""
-        params = [s.params for s in states]
-        uniforms = np.array([s.rng.random() for s in states])                  # (R,) one draw per row
         if filters_replaced():
-            return draw(filter_chain(x, params), uniforms)
-        return compiled.sample_rows(x, *Sampler._filter_parameters(params), uniforms)
+            uniforms = np.array([s.rng.random() for s in states])              # (R,) one draw per row
+            return draw(filter_chain(x, [s.params for s in states]), uniforms)
+        settings = np.array([(s.params.temperature, s.params.min_p, s.params.top_k, s.params.top_p, s.rng.random())
+                             for s in states])                                 # (R, 5) as compiled.SETTINGS
+        return compiled.draw_rows(x, settings)
 
     @staticmethod
     def _filtered(x: np.ndarray, states: Sequence[SamplingState]) -> np.ndarray:

@@ -394,30 +394,40 @@ def _write_filtered(x, temperature, top, min_p, ids, n_kept, out):
         out[ids[i]] = x[ids[i]] / temperature
 
 
+# A row's sampling settings, the columns of the (R, 5) float64 array the kernel reads: the Sampler
+# builds it with one np.array call a step (five (R,) arrays cost five, each several us in a decode
+# step, whose weights have pushed the interpreter out of the CPU caches). top_k is a whole number.
+SETTINGS = ("temperature", "min_p", "top_k", "top_p", "uniform")
+
+
 @njit(inline="always")
-def _rows(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+def _rows(x, maxima, settings, tokens, filtered):
     """Each row: filtered, then drawn into tokens when it has a slot per row, else written into
-    ``filtered`` (R, V). Inlined into the two entries below."""
+    ``filtered`` (R, V). maxima (R,) each row's max; settings (R, 5) as SETTINGS. Inlined into the
+    two entries below."""
     V = x.shape[1]
     ids, weights = np.empty(V, dtype=np.int64), np.empty(V)  # (V,) scratch, reused by every row
     for r in range(x.shape[0]):
-        if top[r] == -np.inf:  # no finite logit: nothing to filter, and draw's answer is 0
+        temperature, min_p, top_p, u = settings[r, 0], settings[r, 1], settings[r, 3], settings[r, 4]
+        top_k = np.int64(settings[r, 2])
+        top = np.float64(maxima[r]) / temperature  # max(x / T), as rounding a division is monotone
+        if top == -np.inf:  # no finite logit: nothing to filter, and draw's answer is 0
             if tokens.shape[0]:
                 tokens[r] = 0
             else:
                 filtered[r, :] = -np.inf
             continue
-        n_kept = _filter_row(x[r], temperature[r], top[r], min_p[r], top_k[r], top_p[r], ids, weights)
+        n_kept = _filter_row(x[r], temperature, top, min_p, top_k, top_p, ids, weights)
         if tokens.shape[0]:
-            tokens[r] = _draw_row(x[r], temperature[r], top[r], min_p[r], ids, weights, n_kept, uniforms[r])
+            tokens[r] = _draw_row(x[r], temperature, top, min_p, ids, weights, n_kept, u)
         else:
-            _write_filtered(x[r], temperature[r], top[r], min_p[r], ids, n_kept, filtered[r])
+            _write_filtered(x[r], temperature, top, min_p, ids, n_kept, filtered[r])
 
 
 @njit(**EXACT)
-def _rows_serial(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+def _rows_serial(x, maxima, settings, tokens, filtered):
     """_rows on the calling thread (each row of _rows_parallel)."""
-    _rows(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered)
+    _rows(x, maxima, settings, tokens, filtered)
 
 
 # Only the pranges run on threads: Numba's other parallel rewrites would put each small array
@@ -427,52 +437,70 @@ PRANGE_ONLY = {"prange": True, "comprehension": False, "reduction": False, "inpl
 
 
 @njit(parallel=PRANGE_ONLY, **EXACT)
-def _rows_split(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+def _rows_split(x, maxima, settings, tokens, filtered):
     """_rows with each pass over the vocabulary on every thread: a lone row (decode at batch 1)."""
-    _rows(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered)
+    _rows(x, maxima, settings, tokens, filtered)
 
 
 @njit(cache=True, parallel=True)
-def _rows_parallel(x, temperature, top, min_p, top_k, top_p, uniforms, tokens, filtered):
+def _rows_parallel(x, maxima, settings, tokens, filtered):
     for r in prange(x.shape[0]):
-        _rows_serial(x[r:r + 1], temperature[r:r + 1], top[r:r + 1], min_p[r:r + 1], top_k[r:r + 1],
-                     top_p[r:r + 1], uniforms[r:r + 1], tokens[r:r + 1] if tokens.shape[0] else tokens,
+        _rows_serial(x[r:r + 1], maxima[r:r + 1], settings[r:r + 1], tokens[r:r + 1] if tokens.shape[0] else tokens,
                      filtered[r:r + 1] if filtered.shape[0] else filtered)
 
 
-def _run(logits, temperature, min_p, top_k, top_p, uniforms, draws: bool):
-    """The row maxima in NumPy (SIMD, and the first read of the logits), the rest in the kernel.
-    float32 and float64 logits are read as they are: no float64 copy of the batch."""
+NO_TOKENS, NO_ROWS = np.empty(0, dtype=np.int64), np.empty((0, 0))  # the output a call does not write
+
+
+def _as_rows(logits) -> np.ndarray:
+    """(R, V) float32 or float64, C-contiguous: read as given (no float64 copy of the batch)."""
     raw = np.asarray(logits)
     if raw.ndim != 2:
         raise ValueError(f"logits must be (rows, vocab), got shape {raw.shape}")
-    raw = np.ascontiguousarray(raw if raw.dtype in (np.float32, np.float64) else raw.astype(np.float64))
+    if raw.dtype in (np.float32, np.float64) and raw.flags.c_contiguous:
+        return raw
+    return np.ascontiguousarray(raw if raw.dtype in (np.float32, np.float64) else raw.astype(np.float64))
+
+
+def _run(raw: np.ndarray, settings: np.ndarray, draws: bool) -> np.ndarray:
+    """The row maxima in NumPy (SIMD, and the first read of the logits), the rest in the kernel ->
+    (R,) tokens when ``draws``, else the (R, V) filtered logits."""
     rows, V = raw.shape
-
-    def per_row(a, dtype):  # (R,) as given (the Sampler's case: no copy), or one value for every row
-        a = np.asarray(a, dtype=dtype)
-        return a if a.shape == (rows,) and a.flags.c_contiguous else np.ascontiguousarray(np.broadcast_to(a, (rows,)))
-
-    temperature = per_row(temperature, np.float64)
-    top = raw.max(axis=1) / temperature  # (R,) float64: max(x / T), as rounding a division is monotone
-    tokens = np.empty(rows if draws else 0, dtype=np.int64)
-    filtered = np.empty((0 if draws else rows, V))
-    args = (raw, temperature, top, per_row(min_p, np.float64), per_row(top_k, np.int64), per_row(top_p, np.float64),
-            per_row(0.0 if uniforms is None else uniforms, np.float64), tokens, filtered)
+    if settings.shape != (rows, len(SETTINGS)) or settings.dtype != np.float64 or not settings.flags.c_contiguous:
+        raise ValueError(f"settings must be a C-contiguous float64 ({rows}, {len(SETTINGS)}) array {SETTINGS}, "
+                         f"got {settings.dtype} {settings.shape}")
+    out = np.empty(rows, dtype=np.int64) if draws else np.empty((rows, V))
+    args = (raw, raw.max(axis=1), settings, *((out, NO_ROWS) if draws else (NO_TOKENS, out)))
     (_rows_parallel if rows > 1 else _rows_split)(*args)
-    return filtered, tokens
+    return out
+
+
+def row_settings(rows: int, temperature, min_p, top_k, top_p, uniforms=0.0) -> np.ndarray:
+    """The (rows, 5) settings array (SETTINGS) of per-row (rows,) values or one value for every row."""
+    settings = np.empty((rows, len(SETTINGS)))
+    for column, values in enumerate((temperature, min_p, top_k, top_p, uniforms)):
+        settings[:, column] = values
+    return settings
 
 
 def filter_rows(logits: np.ndarray, temperature, min_p, top_k, top_p) -> np.ndarray:
     """logits (R, V) and per-row (R,) parameters -> float64 logits / temperature with every token
     min_p, top_k and top_p drop at -inf (``generation.sampling``'s filter chain)."""
-    return _run(logits, temperature, min_p, top_k, top_p, None, draws=False)[0]
+    raw = _as_rows(logits)
+    return _run(raw, row_settings(raw.shape[0], temperature, min_p, top_k, top_p), draws=False)
 
 
 def sample_rows(logits: np.ndarray, temperature, min_p, top_k, top_p, uniforms) -> np.ndarray:
     """logits (R, V) -> (R,) int64: each row filtered as ``filter_rows`` does, then drawn at its
     uniform u in [0, 1) as ``generation.sampling.draw`` draws."""
-    return _run(logits, temperature, min_p, top_k, top_p, uniforms, draws=True)[1]
+    raw = _as_rows(logits)
+    return draw_rows(raw, row_settings(raw.shape[0], temperature, min_p, top_k, top_p, uniforms))
+
+
+def draw_rows(logits: np.ndarray, settings: np.ndarray) -> np.ndarray:
+    """``sample_rows`` with each row's parameters and uniform in one (R, 5) float64 array (SETTINGS):
+    the Sampler's entry, one array built a step."""
+    return _run(_as_rows(logits), settings, draws=True)
 
 
 @njit(cache=True)
