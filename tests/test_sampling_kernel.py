@@ -8,6 +8,7 @@ test_sampling.py), and directly against transformers' warpers on a real-size voc
 - sample_rows: the token ``draw`` picks from the NumPy-filtered logits at the same uniform;
 - Sampler with seeds: the tokens of the NumPy pipeline with the same seeds (one uniform per row,
   drawn in the same order: the compiled path changes no RNG call);
+- the candidates' scan: the ids np.flatnonzero finds, for peaked and flat rows, on any chunk;
 - apply_penalties: bit for bit the NumPy function;
 - exp_nonpositive (the kernel's vectorisable exp): within 1 ulp of np.exp on a dense sweep of
   [-745, 0], and 0 exactly where np.exp is subnormal.
@@ -180,6 +181,21 @@ def test_seeded_sampling_gives_the_numpy_pipelines_tokens():
                     for i, c in enumerate(configs)]
         got = Sampler().sample(logits, states()).token_ids
         np.testing.assert_array_equal(got, numpy_sampler_tokens(logits, states()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_candidate_scan_finds_what_flatnonzero_finds(dtype):
+    """_ids_at_least: a handful of candidates (blocks counted, few scanned) or many (every block
+    scanned), on chunks that start and end anywhere, at a bound that ties some logits."""
+    rng = np.random.default_rng(5)
+    for V in (1, 63, 64, 65, 1000, 49152):
+        x = np.round(rng.standard_normal(V) * 3, 1).astype(dtype)
+        for bound in (float(x.max()) + 1, float(x.max()), float(np.sort(x)[-min(V, 5)]), 0.0, float(x.min())):
+            for lo, hi in ((0, V), (V // 3, V), (V // 7, V - V // 5)):
+                ids = np.full(V, -1, dtype=np.int64)
+                n = compiled._ids_at_least(x, bound, ids, lo, hi)
+                want = lo + np.flatnonzero(x[lo:hi] >= bound)
+                np.testing.assert_array_equal(ids[lo:lo + n], want)
 
 
 def test_penalties_equal_the_numpy_function_bit_for_bit():

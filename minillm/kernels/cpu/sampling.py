@@ -203,15 +203,45 @@ def _first_level(sums, needed):
 # The candidates: gathered, binned finely, and cut
 
 
+# Blocks of tokens counted before any id is written: a peaked row's few candidates lie in a few of
+# them. One thread, a SmolLM2 row (49152 tokens), 2-core Xeon VM: writing an id for every token
+# takes ~23 us whatever the row; counting the row, then each block, and scanning only the blocks
+# that hold a candidate takes ~9 us for a handful of them. A flat row (candidates in most blocks) is
+# scanned whole and pays the count on top (~34 us for 7830 candidates). The loops index a slice from
+# 0: over range(lo, hi), Numba's wrap-around of negative indices kept LLVM from vectorising the
+# count (~18 us instead of ~4). In a decode step (one row on 2 threads) the sampler went from ~100
+# to ~80 us with the caches warm.
+SCAN_BLOCK = 64
+
+
+@njit(**EXACT)
+def _write_ids(part, bound, ids, n, first_id):
+    """ids[n:] = first_id + the j with part[j] >= bound, ascending -> the new n. Branchless: the
+    store is cheaper than a mispredicted jump on flat rows."""
+    for j in range(part.shape[0]):
+        ids[n] = first_id + j
+        n += part[j] >= bound
+    return n
+
+
 @njit(**EXACT)
 def _ids_at_least(x, bound, ids, lo, hi):
-    """Write the ids j in [lo, hi) with x[j] >= bound, ascending, into ids[lo:] -> how many.
-    Branchless: the store is cheaper than a mispredicted jump on flat rows."""
-    n = lo
-    for j in range(lo, hi):
-        ids[n] = j
-        n += x[j] >= bound
-    return n - lo
+    """Write the ids j in [lo, hi) with x[j] >= bound, ascending, into ids[lo:] -> how many."""
+    chunk = x[lo:hi]
+    size = chunk.shape[0]
+    count = 0
+    for j in range(size):
+        count += chunk[j] >= bound
+    if count * SCAN_BLOCK > size:  # more than one a block on average: nearly every block holds some
+        return _write_ids(chunk, bound, ids, lo, lo) - lo
+    n, blocks = lo, size // SCAN_BLOCK
+    for b in range(blocks):
+        found = 0
+        for j in range(SCAN_BLOCK):
+            found += chunk[b * SCAN_BLOCK + j] >= bound
+        if found:
+            n = _write_ids(chunk[b * SCAN_BLOCK:(b + 1) * SCAN_BLOCK], bound, ids, n, lo + b * SCAN_BLOCK)
+    return _write_ids(chunk[blocks * SCAN_BLOCK:], bound, ids, n, lo + blocks * SCAN_BLOCK) - lo
 
 
 @njit(inline="always")
