@@ -10,7 +10,8 @@ Workloads (chat-templated, greedy):
   the engine must not get slower (it switches speculation off per sequence when acceptance falls).
 
 Contenders, each in a process of its own (benchmarks/common.py), a fresh one every repeat (so that
-whatever slows one process for its whole life weighs on one repeat only): minillm plain, minillm with
+whatever slows one process for its whole life weighs on one repeat only), taking turns in an order
+that turns each repeat, each timed run right after a short run of its own (main says why): minillm plain, minillm with
 ``{"method": "ngram", "num_speculative_tokens": K}``, and where ``llama_cpp`` imports, llama.cpp
 plain and with its ``LlamaPromptLookupDecoding`` draft model. Each request's rate is its generated
 tokens over its wall time (prefill included, alike for all). "Single stream" runs the prompts one
@@ -84,6 +85,12 @@ OPEN = [
     "How does a bicycle stay upright?",
     "Tell me about the history of tea.",
 ]
+
+
+# Short requests a contender runs right before each timed run (main): none of the workloads' prompts,
+# so that llama.cpp's cache of the previous prompt gives a timed run nothing.
+WARM_PROMPTS = ["Name a colour.", "Count to three.", "Say hello.", "Name a fruit.", "Name a month.",
+                "Say goodbye.", "Name an animal.", "Name a city."]
 
 
 class Minillm:
@@ -260,15 +267,22 @@ def main() -> None:
     # for its whole life (where its pages lie, which cores its threads get) weighs on one repeat,
     # not on every repeat of one contender.
     runs: dict[tuple[str, int], dict[str, list]] = {}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         workers = start_workers(contenders(args.activations), "native", args.threads)
         try:
             for worker in workers:  # the kernels from the disk cache, the process's first touches
                 for concurrency in (1, 8):
                     worker.call("run", prompts=GROUNDED[:concurrency], max_tokens=24, concurrency=concurrency)
             for workload, prompts, concurrency in cases:
-                for worker in workers:  # the contenders take turns
+                # the contenders take turns, the order turning by one each repeat
+                for worker in workers[repeat % len(workers):] + workers[:repeat % len(workers)]:
                     time.sleep(SETTLE_SECONDS)  # the previous contender's threads stop spinning
+                    # Each timed run right after a short one of its own: on the 2-core VM a run that began
+                    # 0.5 s after another minillm contender's ran ~30% faster than one begun after llama.cpp's
+                    # or after 3 s idle (open-ended, 8 streams: medians 596 and 458 tok/s, 10 of 12 pairs),
+                    # and the fixed order gave that to the n-gram contender; with this short run first,
+                    # neither place was faster (4 of 8 pairs either way).
+                    worker.call("run", prompts=WARM_PROMPTS, max_tokens=8, concurrency=concurrency)
                     value, _ = worker.call("run", prompts=prompts, max_tokens=max_tokens, concurrency=concurrency)
                     if value:               # {}: the contender does not run this case
                         runs.setdefault((workload, concurrency), {}).setdefault(worker.name, []).append(value)
@@ -278,7 +292,8 @@ def main() -> None:
     results = {"k": K, "max_tokens": max_tokens, "repeats": repeats, "quick": args.quick,
                "activations": args.activations,
                "protocol": "one untimed pass of every case; then a fresh process per contender and repeat, "
-                           "warmed by 2 short runs, the contenders taking turns case by case",
+                           "warmed by 2 short runs, the contenders taking turns case by case in an order that "
+                           "turns each repeat, each timed run right after 8 tokens of its own on WARM_PROMPTS",
                "workloads": {}}
     for (workload, concurrency), by_name in runs.items():
         entry = {name: {"tok_s": summarize([r["tok_s"] for r in rs]), "runs": rs} for name, rs in by_name.items()}
