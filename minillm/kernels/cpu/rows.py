@@ -67,6 +67,21 @@ def float_from_bits(typingctx, bits):
 
 
 @intrinsic
+def bits_from_float(typingctx, x):
+    """The inverse of float_from_bits: a float's bits as the integer of its width (float64 -> int64,
+    float32 -> int32). A vector of them is one no-op too, where converting a float64 to an int64
+    has no AVX2 instruction (LLVM converts lane by lane)."""
+    ints = {32: (types.int32, ir.IntType(32)), 64: (types.int64, ir.IntType(64))}
+    if not isinstance(x, types.Float) or x.bitwidth not in ints:
+        return None
+    result, llvm_int = ints[x.bitwidth]
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_int)
+    return result(x), codegen
+
+
+@intrinsic
 def float32_max(typingctx, a, b):
     """max(a, b) as LLVM's maxnum: unlike Python's max, a loop of these vectorises into a max-reduction."""
     def codegen(context, builder, signature, args):
