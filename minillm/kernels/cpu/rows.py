@@ -52,33 +52,34 @@ EXP_LO = np.float32(-87.33)  # exp(-87.33) ~ 2**-126, the smallest normal float3
 EXP_HI = np.float32(88.37)   # exp(88.37) ~ 2**127.5, half an octave from the largest: above it return inf
 
 
-@intrinsic
-def float_from_bits(typingctx, bits):
-    """Reinterpret an integer's bits as the float of its width, int32 -> float32 and int64 -> float64
-    (C's union trick; one no-op instruction)."""
-    floats = {32: (types.float32, ir.FloatType()), 64: (types.float64, ir.DoubleType())}
-    if not isinstance(bits, types.Integer) or bits.bitwidth not in floats:
+FLOATS = {32: (types.float32, ir.FloatType()), 64: (types.float64, ir.DoubleType())}
+INTS = {32: (types.int32, ir.IntType(32)), 64: (types.int64, ir.IntType(64))}
+
+
+def _bitcast(value, kind, targets):
+    """An intrinsic's (signature, codegen) reading ``value``'s bits as the ``targets`` type of its
+    width (C's union trick; one no-op instruction, for a vector of them too), or None if ``value``
+    is not a ``kind`` of a width targets holds."""
+    if not isinstance(value, kind) or value.bitwidth not in targets:
         return None
-    result, llvm_float = floats[bits.bitwidth]
+    result, llvm_type = targets[value.bitwidth]
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_float)
-    return result(bits), codegen
+        return builder.bitcast(args[0], llvm_type)
+    return result(value), codegen
+
+
+@intrinsic
+def float_from_bits(typingctx, bits):
+    """An integer's bits as the float of its width: int32 -> float32, int64 -> float64."""
+    return _bitcast(bits, types.Integer, FLOATS)
 
 
 @intrinsic
 def bits_from_float(typingctx, x):
-    """The inverse of float_from_bits: a float's bits as the integer of its width (float64 -> int64,
-    float32 -> int32). A vector of them is one no-op too, where converting a float64 to an int64
-    has no AVX2 instruction (LLVM converts lane by lane)."""
-    ints = {32: (types.int32, ir.IntType(32)), 64: (types.int64, ir.IntType(64))}
-    if not isinstance(x, types.Float) or x.bitwidth not in ints:
-        return None
-    result, llvm_int = ints[x.bitwidth]
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_int)
-    return result(x), codegen
+    """A float's bits as the integer of its width: float32 -> int32, float64 -> int64. Where AVX2
+    has no vector float64 -> int64 conversion (LLVM converts lane by lane), this is free."""
+    return _bitcast(x, types.Float, INTS)
 
 
 @intrinsic
