@@ -280,8 +280,9 @@ def main() -> None:
                     # Each timed run right after a short one of its own: on the 2-core VM a run that began
                     # 0.5 s after another minillm contender's ran ~30% faster than one begun after llama.cpp's
                     # or after 3 s idle (open-ended, 8 streams: medians 596 and 458 tok/s, 10 of 12 pairs),
-                    # and the fixed order gave that to the n-gram contender; with this short run first,
-                    # neither place was faster (4 of 8 pairs either way).
+                    # and the fixed order gave that to the n-gram contender; with a short run of its own
+                    # first (8 tokens of one request, in that scratch), neither place was faster (4 of 8
+                    # pairs either way).
                     worker.call("run", prompts=WARM_PROMPTS, max_tokens=8, concurrency=concurrency)
                     value, _ = worker.call("run", prompts=prompts, max_tokens=max_tokens, concurrency=concurrency)
                     if value:               # {}: the contender does not run this case
