@@ -282,7 +282,10 @@ def main() -> None:
                     # or after 3 s idle (open-ended, 8 streams: medians 596 and 458 tok/s, 10 of 12 pairs),
                     # and the fixed order gave that to the n-gram contender; with a short run of its own
                     # first (8 tokens of one request, in that scratch), neither place was faster (4 of 8
-                    # pairs either way).
+                    # pairs either way). It looks like the memory system's state: in one process, the same
+                    # case ran at 637 tok/s after 0.5 s idle, 546 after 3 s idle, 473 after 3 s of two
+                    # processes spinning on the CPU and 643 after 3 s of two processes summing 256 MB
+                    # arrays (medians of 4) - recent memory traffic, anyone's, makes the next run fast.
                     worker.call("run", prompts=WARM_PROMPTS, max_tokens=8, concurrency=concurrency)
                     value, _ = worker.call("run", prompts=prompts, max_tokens=max_tokens, concurrency=concurrency)
                     if value:               # {}: the contender does not run this case
