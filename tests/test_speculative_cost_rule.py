@@ -29,6 +29,16 @@ def test_step_costs_drop_the_first_step_and_keep_the_median_of_the_last_ones():
     assert costs.seconds(3) == 3.5
 
 
+def test_a_new_row_count_keeps_its_first_step_only_in_line_with_the_others():
+    costs = costs_of({2: 2.0, 6: 4.0})
+    costs.record(4, 3.5)          # the line through the others says 3.0: kept
+    assert costs.seconds(4) == 3.5
+    costs.record(8, 60.0)         # the line says 5.0: a compile, dropped
+    assert costs.seconds(8) == 5.0
+    costs.record(8, 5.5)          # a row count's second step is kept whatever it took
+    assert costs.seconds(8) == 5.5
+
+
 def test_step_costs_interpolate_and_extrapolate_along_straight_lines():
     costs = costs_of({2: 2.0, 6: 4.0})
     assert costs.seconds(4) == 3.0
@@ -49,12 +59,12 @@ def record(accepted_at: list[int], drafted_at: list[int]) -> SeqRecord:
 
 def test_expected_accepted_leans_on_the_prior_first_and_on_the_sequence_later():
     prior = [0.5, 0.4, 0.3, 0.2]
-    assert SeqRecord().expected_accepted(3, prior) == pytest.approx(0.5 + 0.4 + 0.3)   # no verify yet: the prior
+    assert SeqRecord().expected_accepted(3, prior) == pytest.approx([0, 0.5, 0.5 + 0.4, 0.5 + 0.4 + 0.3])  # the prior
     always = record(accepted_at=[10_000] * K, drafted_at=[10_000] * K)
-    assert always.expected_accepted(K, prior) == pytest.approx(K, rel=1e-3)          # a long history: its own
+    assert always.expected_accepted(K, prior) == pytest.approx(range(K + 1), rel=1e-3)  # a long history: its own
     once_missed = record(accepted_at=[1, 0, 0, 0], drafted_at=[1, 1, 0, 0])
-    assert 0 < once_missed.expected_accepted(2, prior) < 0.5 + 0.4 + 1                 # one miss shuts nothing
-    assert once_missed.expected_accepted(2, prior) > SeqRecord().expected_accepted(1, prior)
+    assert 0 < once_missed.expected_accepted(2, prior)[2] < 0.5 + 0.4 + 1              # one miss shuts nothing
+    assert once_missed.expected_accepted(2, prior)[2] > SeqRecord().expected_accepted(1, prior)[1]
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -86,10 +96,24 @@ def test_guesses_that_are_never_kept_are_not_drafted_when_rows_cost_something():
     assert d.paying_draft_length(1, [(seq, K)]) == K
 
 
-def test_unmeasured_shapes_are_measured_first():
+def test_a_position_never_tried_counts_as_the_last_tried_one_not_as_certain():
     seq = object.__new__(type("S", (), {"__weakref__": None}))
+    d = decoder(costs_of({1: 0.010, 2: 0.017}))                        # a guess costs 0.7 of a plain step
+    d.stats.accepted_per_pos, d.drafted_at = [5, 0, 0, 0], [10, 0, 0, 0]  # only first guesses verified: 6/11 kept
+    # each guess is worth 6/11 of a token at most, for 0.7 of a step: no length pays (taking the untried
+    # positions as certain, four guesses would: 1 + 6/11 + 3 tokens for 3.8 steps' time)
+    assert d.paying_draft_length(1, [(seq, K)]) == 0
+
+
+def test_unmeasured_shapes_are_measured_first_with_one_guess_a_sequence():
+    seq, other = (object.__new__(type("S", (), {"__weakref__": None})) for _ in range(2))
     assert decoder(StepCosts()).paying_draft_length(1, [(seq, K)]) == 0        # a plain step first
-    assert decoder(costs_of({1: 0.01})).paying_draft_length(1, [(seq, K)]) == K  # then one with every draft
+    assert decoder(costs_of({1: 0.01})).paying_draft_length(1, [(seq, K)]) == 1  # then the cheapest verify
+    assert decoder(costs_of({2: 0.01})).paying_draft_length(2, [(seq, K), (other, 0)]) == 1
+    # once the one-guess step is measured, longer drafts are weighed on the line through the two:
+    # rows that cost nothing more take every guess, rows that cost their share take none
+    assert decoder(costs_of({1: 0.01, 2: 0.01})).paying_draft_length(1, [(seq, K)]) == K
+    assert decoder(costs_of({1: 0.01, 2: 0.02})).paying_draft_length(1, [(seq, K)]) == 0
 
 
 class GivenCosts(StepCosts):
