@@ -105,6 +105,18 @@ def test_a_position_never_tried_counts_as_the_last_tried_one_not_as_certain():
     assert d.paying_draft_length(1, [(seq, K)]) == 0
 
 
+def test_a_gain_within_the_spread_of_the_plain_steps_timings_is_not_taken():
+    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    d = decoder(costs_of({1: 0.010, 1 + K: 0.014}))           # four guesses for 40% more time
+    d.records[seq] = record(accepted_at=[3, 2, 1, 0], drafted_at=[10] * K)
+    assert d.costs.spread(1) == 1.0
+    assert d.paying_draft_length(1, [(seq, K)]) > 0           # steady timings: up to 1.6 more tokens for 1.4 steps' time
+    for seconds in (0.007, 0.013, 0.008):                     # the plain step's timings spread 0.007-0.013 s
+        d.costs.record(1, seconds)
+    assert d.costs.spread(1) == pytest.approx(0.013 / 0.007)
+    assert d.paying_draft_length(1, [(seq, K)]) == 0
+
+
 def test_unmeasured_shapes_are_measured_first_with_one_guess_a_sequence():
     seq, other = (object.__new__(type("S", (), {"__weakref__": None})) for _ in range(2))
     assert decoder(StepCosts()).paying_draft_length(1, [(seq, K)]) == 0        # a plain step first

@@ -201,6 +201,11 @@ class StepCosts:
         t_lo, t_hi = self.medians[lo], self.medians[hi]
         return t_hi + max(t_hi - t_lo, 0.0) * (rows - hi) / (hi - lo)
 
+    def spread(self, rows: int) -> float:
+        """Slowest over fastest of the row count's kept steps: 1.0 for a row count not measured."""
+        kept = self.samples.get(rows)
+        return max(kept) / min(kept) if kept else 1.0
+
 
 class SpeculativeDecoder:
     """Proposes drafts for the running sequences after each step, and counts how the last ones fared."""
@@ -273,11 +278,13 @@ class SpeculativeDecoder:
         sum(min(d, c)) rows and emits batch + the expected kept guesses (each sequence's measured
         acceptance by position, ``SeqRecord.expected_accepted``, leaning on every sequence's at
         first); its seconds are the measured step cost at rows(c) (``StepCosts``) plus the
-        drafting. A shape not yet measured is measured first: a plain step of this batch, then one
-        with a single guess a sequence - the cheapest verify, and the one that risks least where
-        rows are dear; longer drafts are then weighed on the line through the two. (Exploring with
-        whole drafts cost most exactly where they do not pay: at 8 streams in int8 mode a step of
-        40 rows took ~3.8x the plain one, and 16 rows ~2x - scratch, 2-core Xeon VM.)
+        drafting. A length must beat the plain step by more than the spread of the plain step's
+        timings (``StepCosts.spread``). A shape not yet measured is measured first: a plain step of
+        this batch, then one with a single guess a sequence - the cheapest verify, and the one that
+        risks least where rows are dear; longer drafts are then weighed on the line through the
+        two. (Exploring with whole drafts cost most exactly where they do not pay: at 8 streams in
+        int8 mode a step of 40 rows took ~3.8x the plain one, and 16 rows ~2x - scratch, 2-core
+        Xeon VM.)
         """
         longest = max((d for _, d in drafts), default=0)
         plain = self.costs.seconds(batch)
@@ -292,7 +299,9 @@ class SpeculativeDecoder:
         prior = list(itertools.accumulate(((kept + 1) / (verified + 1) for kept, verified
                                            in zip(self.stats.accepted_per_pos, self.drafted_at)), min))
         kept_by_cut = [self.records.setdefault(seq, SeqRecord()).expected_accepted(d, prior) for seq, d in drafts]
-        best, best_rate = 0, batch / plain
+        # a gain within the spread of the plain step's own timings is noise: on a shared machine step times move
+        # in phases, and a draft taken on a verify timed in a faster one costs up to 2-4x a plain step
+        best, best_rate = 0, batch / plain * self.costs.spread(batch)
         for c in range(1, longest + 1):
             guesses = sum(min(d, c) for _, d in drafts)
             kept = sum(by_cut[min(d, c)] for by_cut, (_, d) in zip(kept_by_cut, drafts))
