@@ -284,7 +284,7 @@ class SpeculativeDecoder:
         risks least where rows are dear; longer drafts are then weighed on the line through the
         two. (Exploring with whole drafts cost most exactly where they do not pay: at 8 streams in
         int8 mode a step of 40 rows took ~3.8x the plain one, and 16 rows ~2x - scratch, 2-core
-        Xeon VM.)
+        AMD EPYC Zen 5 VM.)
         """
         longest = max((d for _, d in drafts), default=0)
         plain = self.costs.seconds(batch)
