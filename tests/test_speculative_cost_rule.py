@@ -53,6 +53,11 @@ def decoder(costs: StepCosts) -> SpeculativeDecoder:
     return d
 
 
+def a_sequence():
+    """A stand-in the rule can key its weak per-sequence records on."""
+    return object.__new__(type("S", (), {"__weakref__": None}))
+
+
 def record(accepted_at: list[int], drafted_at: list[int]) -> SeqRecord:
     return SeqRecord(drafted_at=drafted_at, accepted_at=accepted_at)
 
@@ -72,21 +77,21 @@ def test_a_step_that_costs_its_rows_never_pays(batch):
     """Cost proportional to rows: a step emits at most one token per row, so tokens per second can
     only fall with drafts, even if every guess is kept."""
     d = decoder(costs_of({r: 0.01 * r for r in (batch, batch + 1, 4 * batch + batch)}))
-    seqs = [object.__new__(type("S", (), {"__weakref__": None})) for _ in range(batch)]
+    seqs = [a_sequence() for _ in range(batch)]
     for s in seqs:
         d.records[s] = record(accepted_at=[10] * K, drafted_at=[10] * K)
     assert d.paying_draft_length(batch, [(s, K) for s in seqs]) == 0
 
 
 def test_a_step_whose_cost_does_not_grow_takes_every_guess_that_may_be_kept():
-    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    seq = a_sequence()
     d = decoder(costs_of({1: 0.01, 1 + K: 0.01}))
     d.records[seq] = record(accepted_at=[5, 5, 5, 1], drafted_at=[10, 10, 10, 10])
     assert d.paying_draft_length(1, [(seq, K)]) == K    # free rows: any chance of a kept guess pays
 
 
 def test_guesses_that_are_never_kept_are_not_drafted_when_rows_cost_something():
-    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    seq = a_sequence()
     d = decoder(costs_of({1: 0.0100, 1 + K: 0.0100 + 0.001 * K}))   # a row costs a tenth of a step
     d.stats.accepted_per_pos, d.drafted_at = [0] * K, [100] * K       # no sequence's guess was ever kept
     d.records[seq] = record(accepted_at=[0] * K, drafted_at=[10] * K)
@@ -97,7 +102,7 @@ def test_guesses_that_are_never_kept_are_not_drafted_when_rows_cost_something():
 
 
 def test_a_position_never_tried_counts_as_the_last_tried_one_not_as_certain():
-    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    seq = a_sequence()
     d = decoder(costs_of({1: 0.010, 2: 0.017}))                        # a guess costs 0.7 of a plain step
     d.stats.accepted_per_pos, d.drafted_at = [5, 0, 0, 0], [10, 0, 0, 0]  # only first guesses verified: 6/11 kept
     # each guess is worth 6/11 of a token at most, for 0.7 of a step: no length pays (taking the untried
@@ -106,7 +111,7 @@ def test_a_position_never_tried_counts_as_the_last_tried_one_not_as_certain():
 
 
 def test_a_gain_within_the_spread_of_the_plain_steps_timings_is_not_taken():
-    seq = object.__new__(type("S", (), {"__weakref__": None}))
+    seq = a_sequence()
     d = decoder(costs_of({1: 0.010, 1 + K: 0.014}))           # four guesses for 40% more time
     d.records[seq] = record(accepted_at=[3, 2, 1, 0], drafted_at=[10] * K)
     assert d.costs.spread(1) == 1.0
@@ -118,7 +123,7 @@ def test_a_gain_within_the_spread_of_the_plain_steps_timings_is_not_taken():
 
 
 def test_unmeasured_shapes_are_measured_first_with_one_guess_a_sequence():
-    seq, other = (object.__new__(type("S", (), {"__weakref__": None})) for _ in range(2))
+    seq, other = (a_sequence() for _ in range(2))
     assert decoder(StepCosts()).paying_draft_length(1, [(seq, K)]) == 0        # a plain step first
     assert decoder(costs_of({1: 0.01})).paying_draft_length(1, [(seq, K)]) == 1  # then the cheapest verify
     assert decoder(costs_of({2: 0.01})).paying_draft_length(2, [(seq, K), (other, 0)]) == 1
