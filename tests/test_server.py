@@ -298,18 +298,23 @@ def test_32_concurrent_streams_give_the_one_by_one_greedy_texts(client, model, s
 
 
 def leave_a_long_stream(url: str, model: str, while_streaming: Callable[[], None]) -> None:
-    """Start a long greedy completion stream, read 3 of its events, call ``while_streaming``, hang up."""
+    """Start a long greedy completion stream, read 3 of its events, call ``while_streaming``, hang up.
+
+    The line iterator is held until the hang-up: a ``for`` over ``response.iter_lines()`` that breaks
+    drops it, and closing that generator closes the connection - the client would hang up before
+    ``while_streaming`` runs, racing the server's abort against the test's look at the running request."""
     body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 500, "temperature": 0, "stream": True,
             "ignore_eos": True}
     with httpx.Client(base_url=url, timeout=None) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
-            events = []
-            for line in response.iter_lines():
+            events, lines = [], response.iter_lines()
+            for line in lines:
                 if line.startswith("data: "):
                     events.append(line)
                 if len(events) == 3:
                     break
             assert len(events) == 3, f"the stream ended early ({response.status_code}): {events}"
+            assert all('"choices"' in event for event in events), f"not three token chunks: {events}"
             while_streaming()
 
 
