@@ -51,8 +51,11 @@ $(BROWSER_STAMP): $(STAMP)
 	$(PIP) playwright
 	touch $(BROWSER_STAMP)
 
+# Two processes (pytest-xdist), a test file at a time each (its module fixtures - a model, a server,
+# a Ray cluster of its own - set up once). From an empty Numba cache about half of one process's time
+# is compiling, one kernel variant at a time on one core: the second process keeps the other core busy.
 test-unit: install
-	$(PYTEST) tests --ignore=tests/cuda
+	$(PYTEST) -n 2 --dist loadfile tests --ignore=tests/cuda
 
 # The CUDA simulator must be switched on before numba is imported: a process of its own.
 test-cuda: install
