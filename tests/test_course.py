@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import minillm
-from implementations import REPO, TASK_MARKER
+from implementations import REPO, TASK_MARKER, solved_exercises
 from minillm import course
 from minillm.course import grading, ledger, seats, timing
 from minillm.course.tasks import all_tasks, is_blank_stub, solutions
@@ -272,6 +272,29 @@ def test_the_ledger_has_a_path_of_its_own(home, monkeypatch, tmp_path):
     assert ledger.read_ledger() == {}  # back to $MINILLM_HOME/progress.json
 
 
+RECORD_MANY = """
+import sys
+from minillm.course import ledger
+for i in range(3000):
+    ledger.record(sys.argv[1], passed=True, count=i)
+"""
+
+
+def test_two_processes_recording_at_once_leave_a_whole_ledger(home):
+    """Two notebook kernels checking at the same moment: each writes a file of its own and renames it
+    over the ledger, so a reader only ever meets a whole one (with one partial file shared, a writer's
+    rename found it already renamed by the other: FileNotFoundError, in the first run here)."""
+    writers = [subprocess.Popen([sys.executable, "-c", RECORD_MANY, marker], env=os.environ | {"MINILLM_HOME": str(home)})
+               for marker in ("ch02_rmsnorm", "ch02_softmax")]
+    reads = 0
+    while any(w.poll() is None for w in writers):
+        ledger.read_ledger()  # raises on a torn file
+        reads += 1
+    assert [w.returncode for w in writers] == [0, 0] and reads > 0
+    assert not list(home.glob("*.partial"))
+    assert ledger.read_ledger().keys() <= {"ch02_rmsnorm", "ch02_softmax"}
+
+
 @pytest.mark.parametrize("target", ["notebooks", "test-notebooks"])
 def test_make_runs_the_notebooks_on_a_fresh_ledger_of_their_own(target, home, tmp_path):
     """The target's real recipe, with .venv's jupyter and python replaced by a script that writes
@@ -365,26 +388,26 @@ def test_every_task_has_a_seat_entry_and_every_seat_names_a_real_attribute():
             assert hasattr(importlib.import_module(module_name), attr), f"{marker}: {module_name}.{attr}"
 
 
+def test_minillm_exercises_chooses_the_folder_and_a_wrong_one_is_named(tmp_path, monkeypatch):
+    from minillm.course import exercises_backend
+    from minillm.kernels.registry import BackendUnavailable
+    monkeypatch.setattr(sys, "path", list(sys.path))  # learner_module puts the folder's parent on it
+    solved = solved_exercises(tmp_path)
+    (tmp_path / "mine").mkdir()
+    monkeypatch.setenv("MINILLM_EXERCISES", str(tmp_path / "mine"))
+    with pytest.raises(BackendUnavailable, match=r"mine is not an exercises/ package.*MINILLM_EXERCISES"):
+        exercises_backend.learner_module("ch02_cpu_kernels")
+    monkeypatch.setenv("MINILLM_EXERCISES", str(solved))
+    assert exercises_backend.exercises_folder() == solved.resolve()
+    with pytest.raises(BackendUnavailable, match=rf"imported exercises from {REPO / 'exercises'}, not {solved}"):
+        exercises_backend.learner_module("ch02_cpu_kernels")  # this process has the checkout's already
+
+
 @pytest.mark.slow
 def test_your_code_on_blank_stubs_says_nothing_is_yours(smollm2_path, capsys):
     result = course.your_code(chapter="ch02", max_tokens=6, model=smollm2_path)
     assert result.yours == [] and result.equal and len(result.your_tokens) == 6
     assert "Nothing is yours yet" in capsys.readouterr().out
-
-
-def solved_copy(dest: Path) -> Path:
-    """A copy of the checkout's package and exercises whose every exercise is the package's own
-    solution (an import of the object its REFERENCE names, after the stubs): the learner who copied
-    the solutions in."""
-    for part in ("minillm", "exercises", "benchmarks/results"):
-        shutil.copytree(REPO / part, dest / part, ignore=shutil.ignore_patterns("*.pyc"))
-    for path in sorted((dest / "exercises").glob("ch[0-9][0-9]_*.py")):
-        lines = ["", "# the package's own solutions, copied in"]
-        for name, dotted in learner_module(path.stem).REFERENCE.items():
-            owner, _, attr = dotted.rpartition(".")
-            lines.append(f"from {owner} import {attr} as {name}  # noqa: E402,F811")
-        path.write_text(path.read_text() + "\n".join(lines) + "\n")
-    return dest
 
 
 YOUR_CODE_JSON = """
@@ -400,9 +423,10 @@ print(json.dumps({"pieces": [p.__dict__ for p in result.pieces], "equal": result
 
 @pytest.mark.slow
 def test_your_code_on_the_package_solutions_reaches_every_seated_task(tmp_path, smollm2_path, hf_smollm2):
-    copy = solved_copy(tmp_path / "checkout")
-    run = subprocess.run([sys.executable, "-c", YOUR_CODE_JSON, "ch12", str(smollm2_path)], cwd=copy,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)}, timeout=1800)
+    solved = solved_exercises(tmp_path)  # run from the checkout: the variable, not the folder, chooses them
+    run = subprocess.run([sys.executable, "-c", YOUR_CODE_JSON, "ch12", str(smollm2_path)], cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, "MINILLM_EXERCISES": str(solved)},
+                         timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     pieces = {p["task"]: p for p in result["pieces"]}

@@ -6,14 +6,13 @@ import importlib
 import json
 import os
 import re
-import shutil
 import signal
 
 import openai
 import numpy as np
 import pytest
 
-from implementations import REPO
+from implementations import REPO, solved_exercises
 from serve_process import serve_process
 from minillm.course import server_run
 from minillm.course.learner_ops import Reach
@@ -115,24 +114,9 @@ def test_a_wrong_metric_is_what_metrics_reports_and_the_stream_is_unharmed(smoll
 # minillm serve --exercises
 
 
-def solved_copy(dest):
-    """The checkout's package and exercises, every exercise the package's own solution (as
-    test_course's: the learner who copied the solutions in)."""
-    for part in ("minillm", "exercises"):
-        shutil.copytree(REPO / part, dest / part, ignore=shutil.ignore_patterns("*.pyc"))
-    for path in sorted((dest / "exercises").glob("ch[0-9][0-9]_*.py")):
-        module = importlib.import_module(f"exercises.{path.stem}")
-        lines = ["", "# the package's own solutions, copied in"]
-        for name, dotted in module.REFERENCE.items():
-            owner, _, attr = dotted.rpartition(".")
-            lines.append(f"from {owner} import {attr} as {name}  # noqa: E402,F811")
-        path.write_text(path.read_text() + "\n".join(lines) + "\n")
-    return dest
-
-
 def test_serve_exercises_serves_on_the_learners_pieces_and_stops_cleanly(tmp_path, smollm2_path, greedy_text):
-    copy = solved_copy(tmp_path / "checkout")
-    with serve_process(smollm2_path, "--exercises", cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)},
+    solved = solved_exercises(tmp_path)
+    with serve_process(smollm2_path, "--exercises", cwd=REPO, env={**os.environ, "MINILLM_EXERCISES": str(solved)},
                        startup_timeout=120) as (process, url):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)  # the official client
         model = client.models.list().data[0].id

@@ -12,6 +12,7 @@ imported, so that afterwards every way of choosing a backend by name takes "exer
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -23,21 +24,33 @@ from minillm.kernels.cpu import quant
 from minillm.kernels.quant_formats import QMatrix
 from minillm.kernels.registry import OPS, Backend, BackendUnavailable, get_backend, register_backend
 
-EXERCISES = Path(__file__).resolve().parents[2] / "exercises"  # the checkout's, beside minillm/
+CHECKOUT = Path(__file__).resolve().parents[2]  # the minillm checkout: minillm/, exercises/, tests/
 
 _loaded_at: dict[str, float] = {}  # exercise module -> mtime of the file it was imported from
+
+
+def exercises_folder() -> Path:
+    """The learner's exercises: the folder ``$MINILLM_EXERCISES`` names (an ``exercises/`` kept
+    elsewhere, say in a repository of the learner's own), else the checkout's, beside minillm/."""
+    return Path(os.environ.get("MINILLM_EXERCISES") or CHECKOUT / "exercises").resolve()
 
 
 def learner_module(chapter_module: str) -> ModuleType:
     """``exercises.<chapter_module>`` as the file on disk now says: re-imported when the learner
     has saved it since it was last imported (a notebook kernel otherwise keeps the old code)."""
-    if not EXERCISES.is_dir():
-        raise BackendUnavailable(f"no exercises/ folder beside the package ({EXERCISES}): the course "
-                                 "needs an editable install of a minillm checkout")
-    if str(EXERCISES.parent) not in sys.path:
-        sys.path.insert(0, str(EXERCISES.parent))
+    folder = exercises_folder()
+    if folder.name != "exercises" or not (folder / "__init__.py").is_file():
+        raise BackendUnavailable(f"{folder} is not an exercises/ package (a folder named exercises holding "
+                                 "__init__.py): the course needs an editable install of a minillm checkout, "
+                                 "and $MINILLM_EXERCISES, if set, must name such a folder")
+    if str(folder.parent) not in sys.path:
+        sys.path.insert(0, str(folder.parent))
+    imported_from = Path(importlib.import_module("exercises").__file__).resolve().parent  # its modules load from there
+    if imported_from != folder:
+        raise BackendUnavailable(f"this process imported exercises from {imported_from}, not {folder}: "
+                                 "restart it after changing $MINILLM_EXERCISES")
     name = f"exercises.{chapter_module}"
-    mtime = (EXERCISES / f"{chapter_module}.py").stat().st_mtime
+    mtime = (folder / f"{chapter_module}.py").stat().st_mtime
     module = importlib.import_module(name)
     if _loaded_at.setdefault(name, mtime) != mtime:
         module = importlib.reload(module)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minillm.course import ledger
-from minillm.course.tasks import REPO, chapter_of, solutions, task
+from minillm.course.exercises_backend import CHECKOUT
+from minillm.course.tasks import chapter_of, solutions, task
 
 CUDA_CHAPTERS = ("ch03",)  # their tests live in tests/cuda and need the simulator without a GPU
 
@@ -62,7 +63,7 @@ class CheckResult:
 
 def test_files(marker: str) -> list[Path]:
     """The test files that mention the marker (collecting only these keeps a check quick)."""
-    folder = REPO / "tests" / ("cuda" if chapter_of(marker) in CUDA_CHAPTERS else "")
+    folder = CHECKOUT / "tests" / ("cuda" if chapter_of(marker) in CUDA_CHAPTERS else "")
     mark = re.compile(rf"\bmark\.{marker}\b")
     return sorted(p for p in folder.glob("test_*.py") if mark.search(p.read_text()))
 
@@ -70,7 +71,7 @@ def test_files(marker: str) -> list[Path]:
 def check_command(marker: str, impl: str = "exercises") -> tuple[list[str], dict[str, str]]:
     """The pytest command line that grades a task, and the environment it adds."""
     task(marker)  # an unknown marker fails here, by name
-    files = [str(p.relative_to(REPO)) for p in test_files(marker)] or ["tests"]
+    files = [str(p.relative_to(CHECKOUT)) for p in test_files(marker)] or ["tests"]
     env = {"NUMBA_ENABLE_CUDASIM": "1"} if chapter_of(marker) in CUDA_CHAPTERS else {}
     return [sys.executable, "-m", "pytest", *files, "-m", marker, f"--impl={impl}"], env
 
@@ -92,7 +93,7 @@ def check(marker: str, impl: str = "exercises", quiet: bool = False) -> CheckRes
     graded = exercise_digest(marker) if impl == "exercises" else None  # before the run: a later edit counts as a change
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        run = subprocess.run([*argv, "-q", *PYTEST_PLUGINS_OFF, f"--junitxml={report}"], cwd=REPO,
+        run = subprocess.run([*argv, "-q", *PYTEST_PLUGINS_OFF, f"--junitxml={report}"], cwd=CHECKOUT,
                              capture_output=True, text=True, env={**os.environ, **env})
         tests = _outcomes(report) if report.exists() else []
     result = CheckResult(marker, shown, tests, run.stdout[-3000:] + run.stderr[-3000:], impl)
@@ -121,7 +122,7 @@ def passes(marker: str) -> tuple[bool, str]:
 
 def _shown_python(python: str) -> str:
     path = Path(python)
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else "python"
+    return str(path.relative_to(CHECKOUT)) if path.is_relative_to(CHECKOUT) else "python"
 
 
 def _outcomes(report: Path) -> list[TestOutcome]:
@@ -182,7 +183,7 @@ def excerpt(obj, focus: str | None = None, lines: int = EXCERPT_LINES) -> tuple[
     method by method); with ``focus``, its lines from there on, cut as a function's are."""
     source, first = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj))
-    where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
+    where = f"{path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path}"
     span = f"{where}:{first}-{first + len(source) - 1}"
     node = ast.parse(textwrap.dedent("".join(source))).body[0]
     header_end = _header_end(source, node)

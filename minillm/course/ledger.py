@@ -33,7 +33,10 @@ def record(marker: str, **fields) -> None:
     ledger[marker] = {**ledger.get(marker, {}), **fields, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     path = ledger_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")
+    # a file of this process's own, renamed over the ledger: two kernels checking at once each
+    # rename a whole file (one shared partial file was truncated under the other's rename). The
+    # later of two such records wins: each rewrites the ledger it read
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(ledger, indent=1, sort_keys=True))
     partial.replace(path)
 

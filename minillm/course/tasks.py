@@ -9,14 +9,12 @@ import re
 import textwrap
 from types import ModuleType
 
-from minillm.course.exercises_backend import EXERCISES, learner_module
-
-REPO = EXERCISES.parent
+from minillm.course.exercises_backend import exercises_folder, learner_module
 
 
 def chapter_modules() -> list[str]:
     """``ch02_cpu_kernels`` ...: the exercise modules, in chapter order."""
-    return sorted(p.stem for p in EXERCISES.glob("ch[0-9][0-9]_*.py"))
+    return sorted(p.stem for p in exercises_folder().glob("ch[0-9][0-9]_*.py"))
 
 
 def all_tasks() -> dict[str, str]:
