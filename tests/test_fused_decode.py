@@ -216,6 +216,21 @@ def test_layers_of_different_layouts_run_as_runs_and_stay_identical(tiny_files, 
     assert_same_steps(fused, reference)
 
 
+def test_typed_list_is_numbas_list_of_the_same_arrays():
+    """The compiled builder gives what numba.typed.List(arrays) gives: its type, the arrays themselves
+    (no copies: the layers' weights are not duplicated), in order; each item type and length a builder."""
+    from numba import typeof
+    from numba.typed import List
+
+    rng = np.random.default_rng(0)
+    for arrays in ([rng.integers(0, 255, (4, 6), dtype=np.uint8) for _ in range(3)],
+                   [rng.standard_normal(5).astype(np.float32) for _ in range(2)], [np.empty(0, np.float32)]):
+        built = fused_decode.typed_list(tuple(arrays))
+        assert typeof(built) == typeof(List(arrays)) and len(built) == len(arrays)
+        for got, array in zip(built, arrays):
+            assert got.ctypes.data == array.ctypes.data and got.shape == array.shape and got.dtype == array.dtype
+
+
 @pytest.mark.parametrize("activations", ["fp32", "int8"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_the_fused_linear_is_qlinear_bit_for_bit(tiny_models, activations, tokens):

@@ -41,6 +41,7 @@ import math
 import operator
 import os
 
+import numba
 import numpy as np
 from numba.extending import overload
 from numba.typed import List
@@ -224,9 +225,30 @@ def layer_runs(layers: list[tuple[tuple, tuple]]) -> list[tuple[tuple, int, tupl
     runs, first = [], 0
     for key, run in itertools.groupby(layers, key=operator.itemgetter(0)):
         columns = list(zip(*(arrays for _, arrays in run)))  # per argument: its array of each layer
-        runs.append((key, first, tuple(List(column) for column in columns)))
+        runs.append((key, first, tuple(typed_list(column) for column in columns)))
         first += len(columns[0])
     return runs
+
+
+def typed_list(arrays: tuple[np.ndarray, ...]) -> List:
+    """``List(arrays)`` for arrays of one type, built by compiled code that Numba caches on disk.
+    From Python, a typed List compiles its methods for each item type afresh in every process:
+    1.24 of the 1.59 s that SmolLM2's first token took in a new process with every kernel cached
+    (cProfile; 2-core Zen 5 VM), paid again by every notebook kernel, server and test process."""
+    first = arrays[0]
+    return _list_builder(str(first.dtype), first.ndim, numba.typeof(first).layout, len(arrays))(tuple(arrays))
+
+
+@functools.cache
+def _list_builder(dtype: str, ndim: int, layout: str, length: int):
+    """The builder for one item type and length, a variant of its own (cpu/variants.py)."""
+    def build_list(arrays):
+        out = List()
+        for array in arrays:
+            out.append(array)
+        return out
+
+    return compile_variant(build_list, dtype=dtype, ndim=ndim, layout=layout, n=length)
 
 
 DECODE_SHAPES_CHECKED: set[tuple] = set()  # decode batches whose shapes passed the wrappers' checks (DecodeStep)
