@@ -18,8 +18,8 @@ lab: install model
 ## make test: the whole suite - unit tests, CUDA kernels under the simulator, every chapter notebook
 # The simulator runs every GPU thread as a Python thread, so it holds one core (the GIL): it runs
 # beside the notebooks, each target's output printed whole when it ends (-O). A clean clone on a 2-core
-# AMD EPYC Zen 5 VM (fresh .venv, empty Numba cache; the host stealing ~2% of the CPU): 26.8 min in
-# all - unit tests 13.2 (two processes; 27.2 in one), then CUDA 7.9 beside the notebooks' 12.1.
+# AMD EPYC Zen 5 VM (fresh .venv, empty Numba cache; the host stealing <1% of the CPU): 23.4 min in
+# all - unit tests 11.4 (two processes; 27.2 in one), then CUDA 7.2 beside the notebooks' 10.8.
 test: install model browser test-unit
 	$(MAKE) --no-print-directory -j2 -O test-cuda test-notebooks
 	@echo "make test: all suites passed"
